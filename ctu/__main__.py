@@ -1,0 +1,5 @@
+import sys
+
+from ctu.cli import main
+
+sys.exit(main())

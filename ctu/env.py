@@ -1,0 +1,164 @@
+"""One episode of a domain: the agent's turns in, tool results and user replies out.
+
+``reset`` greets the user and returns the opening messages; ``step`` takes one
+assistant turn (text to the user and/or tool calls). Tool calls are run against
+the episode's own copy-on-write DB; text goes to the simulated user. The episode
+ends as in tau2-bench: a user stop token, an agent stop token, the transfer tool,
+too many tool errors, or the turn limit. It never shares mutable state with other
+episodes, so thousands can run concurrently in one process.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctu.domains.base import DBView, Domain, Task, run_tool
+from ctu.reward import Reward, compute_reward, NLJudge
+from ctu.users.base import AGENT_GREETING, STOP, UserSession, UserSimulatorError, is_stop
+
+AGENT_INSTRUCTION = (
+    "You are a customer service agent that helps the user according to the <policy> provided below.\n"
+    "In each turn you can either:\n- Send a message to the user.\n- Make a tool call.\n"
+    "You cannot do both at the same time.\n\n"
+    "Try to be helpful and always follow the policy. Always make sure you generate valid JSON only."
+)
+
+# How an episode ended. Only user_stop and agent_stop count as normal endings for the reward.
+TERMINATIONS = ("user_stop", "agent_stop", "max_turns", "too_many_errors", "user_error")
+
+
+def system_prompt(domain: Domain) -> str:
+    """The agent's system prompt, as tau2's LLM agent writes it."""
+    return f"<instructions>\n{AGENT_INSTRUCTION}\n</instructions>\n<policy>\n{domain.policy}\n</policy>"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call made by the agent; ``arguments`` is what the model gave (normally a dict)."""
+
+    name: str
+    arguments: Any
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class AgentTurn:
+    """One assistant turn: text for the user and/or tool calls."""
+
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+@dataclass
+class StepResult:
+    observations: list[dict[str, Any]]
+    done: bool
+    termination: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Episode:
+    """A single conversation between an agent and a simulated user over one task."""
+
+    def __init__(self, domain: Domain, task: Task, user: UserSession, *, max_turns: int = 30, max_errors: int = 10):
+        if max_turns < 1 or max_errors < 1:
+            raise ValueError("max_turns and max_errors must be >= 1")
+        self.domain = domain
+        self.task = task
+        self.user = user
+        self.max_turns = max_turns
+        self.max_errors = max_errors
+        self.db: DBView = domain.new_db()
+        self.messages: list[dict[str, Any]] = []
+        self.turns = 0
+        self.tool_errors = 0
+        self.done = False
+        self.termination: str | None = None
+        self.error: str | None = None
+        self._call_counter = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+    async def reset(self) -> list[dict[str, Any]]:
+        """Start the conversation: system prompt, the agent's greeting, the user's first message."""
+        self.messages = [
+            {"role": "system", "content": system_prompt(self.domain)},
+            {"role": "assistant", "content": AGENT_GREETING},
+        ]
+        await self._ask_user(AGENT_GREETING)
+        return list(self.messages)
+
+    async def step(self, turn: AgentTurn) -> StepResult:
+        """Apply one assistant turn and return what the agent observes next."""
+        if self.done:
+            raise RuntimeError("episode is done; call reset() on a new Episode")
+        self.turns += 1
+        calls = [self._with_id(c) for c in turn.tool_calls]
+        message: dict[str, Any] = {"role": "assistant", "content": turn.content or ""}
+        if calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments_text(c.arguments)}}
+                for c in calls
+            ]
+        self.messages.append(message)
+        observations: list[dict[str, Any]] = []
+        info: dict[str, Any] = {}
+        if calls:
+            transferred = False
+            for call in calls:
+                result = run_tool(self.domain.tool(call.name), self.db, call.arguments, call.name)
+                self.tool_errors += result.error
+                transferred |= call.name == self.domain.transfer_tool and not result.error
+                obs = {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.content}
+                self.messages.append(obs)
+                observations.append(obs)
+            info["tool_errors"] = self.tool_errors
+            if transferred:
+                self._finish("agent_stop")
+            elif self.tool_errors >= self.max_errors:
+                self._finish("too_many_errors")
+        elif STOP in (turn.content or ""):
+            self._finish("agent_stop")
+        else:
+            before = len(self.messages)
+            reply = await self._ask_user(turn.content or "")
+            observations.extend(self.messages[before:])
+            if reply is not None and is_stop(reply):
+                self._finish("user_stop")
+        if not self.done and self.turns >= self.max_turns:
+            self._finish("max_turns")
+        return StepResult(observations, self.done, self.termination, info)
+
+    def reward(self, judge: NLJudge | None = None) -> Reward:
+        """The tau2 reward of the episode so far (normally called once it is done)."""
+        return compute_reward(self.domain, self.task, self.messages, self.db, self.termination, judge)
+
+    # -- helpers ---------------------------------------------------------------------
+    async def _ask_user(self, agent_text: str) -> str | None:
+        try:
+            reply = await self.user.reply(agent_text)
+        except UserSimulatorError as exc:
+            self.error = str(exc)
+            self._finish("user_error")
+            return None
+        self.messages.append({"role": "user", "content": reply})
+        if is_stop(reply):
+            self._finish("user_stop")
+        return reply
+
+    def _finish(self, termination: str) -> None:
+        if not self.done:
+            self.done = True
+            self.termination = termination
+
+    def _with_id(self, call: ToolCall) -> ToolCall:
+        self._call_counter += 1
+        if call.id:
+            return call
+        return ToolCall(call.name, call.arguments, f"call_{self.turns}_{self._call_counter}")
+
+
+def _arguments_text(arguments: Any) -> str:
+    """OpenAI messages carry arguments as a JSON string; a raw string stays as the model wrote it."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)

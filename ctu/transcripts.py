@@ -1,0 +1,113 @@
+"""Recorded transcripts: OpenAI-format conversations, one JSON object per line.
+
+``parse_line`` validates one line for ``ctu score`` (clear errors naming the field);
+``gold_transcript`` builds the conversation an ideal agent would have for a task
+(its gold tool calls with their results, then a message with every fact to
+communicate, then the user's stop) — what ``ctu env check`` scores.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ctu.domains.base import Domain, Task, run_tool
+from ctu.users.base import AGENT_GREETING, STOP, is_stop
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class TranscriptError(ValueError):
+    """A transcript line that cannot be scored; the message names the bad field."""
+
+
+@dataclass(frozen=True)
+class Transcript:
+    task_id: str
+    messages: list[dict[str, Any]]
+    domain: str | None
+    termination: str | None
+
+
+def _check_message(i: int, msg: Any) -> None:
+    where = f"messages[{i}]"
+    if not isinstance(msg, dict):
+        raise TranscriptError(f"{where} must be an object, got {type(msg).__name__}")
+    role = msg.get("role")
+    if role not in ROLES:
+        raise TranscriptError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}")
+    content = msg.get("content")
+    if content is not None and not isinstance(content, (str, list)):
+        raise TranscriptError(f"{where}.content must be a string or null, got {type(content).__name__}")
+    calls = msg.get("tool_calls")
+    if calls is None:
+        return
+    if role != "assistant":
+        raise TranscriptError(f"{where}.tool_calls is only allowed on assistant messages")
+    if not isinstance(calls, list):
+        raise TranscriptError(f"{where}.tool_calls must be a list")
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise TranscriptError(f"{where}.tool_calls[{j}].function.name is missing")
+        args = fn.get("arguments", {})
+        if not isinstance(args, (str, dict)):
+            raise TranscriptError(f"{where}.tool_calls[{j}].function.arguments must be a JSON string or an object")
+
+
+def parse_line(text: str) -> Transcript:
+    """Validate one JSONL line of a transcript file."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TranscriptError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise TranscriptError(f"expected a JSON object, got {type(obj).__name__}")
+    if "task_id" not in obj or not isinstance(obj["task_id"], (str, int)):
+        raise TranscriptError("field 'task_id' is missing or not a string")
+    messages = obj.get("messages")
+    if not isinstance(messages, list):
+        raise TranscriptError("field 'messages' is missing or not a list")
+    for i, msg in enumerate(messages):
+        _check_message(i, msg)
+    domain = obj.get("domain")
+    if domain is not None and not isinstance(domain, str):
+        raise TranscriptError("field 'domain' must be a string")
+    termination = obj.get("termination")
+    if termination is not None and not isinstance(termination, str):
+        raise TranscriptError("field 'termination' must be a string")
+    return Transcript(str(obj["task_id"]), messages, domain, termination)
+
+
+def ending(messages: Sequence[Mapping[str, Any]], termination: str | None) -> str:
+    """How a recorded conversation ended, for the reward.
+
+    Normal ('user_stop'/'agent_stop') only when the last message is a user message with a
+    stop token, or the recorded ``termination`` says so; anything else scores 0, as tau2
+    scores max-steps and too-many-errors endings.
+    """
+    if termination in ("user_stop", "agent_stop"):
+        return termination
+    if messages and messages[-1].get("role") == "user" and is_stop(messages[-1].get("content") or ""):
+        return "user_stop"
+    return termination or "incomplete"
+
+
+def gold_transcript(domain: Domain, task: Task) -> list[dict[str, Any]]:
+    """An ideal conversation for ``task``: gold calls with real results, facts, user stop."""
+    db = domain.new_db()
+    messages: list[dict[str, Any]] = [{"role": "assistant", "content": AGENT_GREETING},
+                                      {"role": "user", "content": "I need help."}]
+    for n, action in enumerate(task.actions):
+        call_id = f"gold_{n}"
+        result = run_tool(domain.tool(action.name), db, dict(action.arguments), action.name)
+        messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": action.name, "arguments": json.dumps(action.arguments)}}]})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": result.content})
+    facts = "; ".join(task.communicate_info)
+    messages.append({"role": "assistant", "content": f"Done. {facts}".strip()})
+    messages.append({"role": "user", "content": f"Thanks! {STOP}"})
+    return messages

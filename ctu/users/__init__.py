@@ -1,0 +1,1 @@
+"""Simulated users: scripted (deterministic), LLM (OpenAI-compatible API), human (terminal)."""
