@@ -1,0 +1,76 @@
+"""The engine interface: token ids in, token ids + per-token logprobs out.
+
+Engines never see text conversations: the ``chat`` module turns messages into token
+ids, and the rollout appends exactly the ids an engine returned (token-in-token-out).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings; ``stop_token_ids`` end generation and are included in the output."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    n: int = 1
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled continuation: its ids (a stop token included), their logprobs, why it ended.
+
+    ``finish_reason`` is "stop" when a stop token/string or EOS ended it, "length" when
+    ``max_tokens`` did. ``token_ids`` may be empty (an immediate stop is still one token,
+    but a remote server may return nothing).
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(f"{len(self.token_ids)} token ids but {len(self.logprobs)} logprobs")
+
+
+class Engine(ABC):
+    """Generates from token-id prompts; can take new weights from the trainer."""
+
+    @abstractmethod
+    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        """For each prompt, ``params.n`` completions. An empty ``prompts`` gives ``[]``."""
+
+    @abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:
+        """Load new weights (Hugging Face parameter names, merged — no LoRA/PEFT prefixes)."""
+
+    def sleep(self) -> None:  # noqa: B027 - optional hook
+        """Free accelerator memory while the trainer runs (colocated engines)."""
+
+    def wake_up(self) -> None:  # noqa: B027 - optional hook
+        """Undo ``sleep``."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources."""

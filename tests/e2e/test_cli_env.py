@@ -1,0 +1,76 @@
+"""`ctu env check` and `ctu score`: their output lines and exit codes are a contract."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ctu.cli import build_parser, main
+from ctu.domains import get_domain
+from ctu.transcripts import gold_transcript
+
+
+def test_every_subcommand_has_help():
+    for argv in (["--help"], ["env", "--help"], ["env", "check", "--help"], ["score", "--help"]):
+        out = subprocess.run([sys.executable, "-m", "ctu", *argv], capture_output=True, text=True)
+        assert out.returncode == 0 and "usage: ctu" in out.stdout, argv
+    # every registered subparser is reachable from the top-level help
+    assert {"env", "score"} <= set(build_parser()._subparsers._group_actions[0].choices)
+
+
+@pytest.mark.parametrize("domain", ["mini", "retail", "airline"])
+def test_env_check_passes_on_every_domain(domain, capsys):
+    assert main(["env", "check", domain]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    n = len(get_domain(domain).tasks)
+    assert len(out) == n + 1
+    assert out[-1].startswith(f"{domain}: {n}/{n} tasks pass")
+
+
+def _line(task_id, messages, **extra):
+    return json.dumps({"task_id": task_id, "messages": messages, **extra})
+
+
+def test_score_json_reports_each_line_and_names_bad_lines(tmp_path, capsys):
+    retail = get_domain("retail")
+    task = retail.tasks[0]
+    gold = gold_transcript(retail, task)
+    no_stop = gold[:-1]
+    mini = get_domain("mini")
+    lines = [
+        _line(task.id, gold),
+        "{not json",
+        _line(task.id, no_stop),
+        json.dumps({"messages": gold}),
+        _line("no-such-task", gold),
+        _line(mini.tasks[0].id, gold_transcript(mini, mini.tasks[0]), domain="mini"),
+        _line(task.id, no_stop, termination="agent_stop"),
+        _line(task.id, [{"role": "robot", "content": "hi"}]),
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    rc = main(["score", "--domain", "retail", str(path), "--json"])
+    captured = capsys.readouterr()
+    rows = [json.loads(x) for x in captured.out.strip().splitlines()]
+    assert rc == 1
+    assert [r["line"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert rows[0]["reward"] == 1.0 and rows[0]["components"]["DB"] == 1.0
+    assert "NL_ASSERTION" in rows[0]["skipped"] or "NL_ASSERTION" in rows[0]["components"]
+    assert "error" in rows[1] and "error" in rows[3] and "error" in rows[4] and "error" in rows[7]
+    assert rows[2]["reward"] == 0.0 and rows[2]["components"]["DB"] == 1.0  # no stop: scored 0, components kept
+    assert rows[5]["reward"] == 1.0  # per-line domain overrides the flag
+    assert rows[6]["reward"] == 1.0  # recorded termination agent_stop counts as normal
+    assert f"{path}:2: error: not valid JSON" in captured.err
+    assert f"{path}:4: error: field 'task_id'" in captured.err
+    assert f"{path}:8: error: messages[0].role" in captured.err
+
+
+def test_score_text_output_and_exit_zero_when_all_lines_are_good(tmp_path, capsys):
+    airline = get_domain("airline")
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join(_line(t.id, gold_transcript(airline, t)) for t in airline.tasks[:3]) + "\n")
+    assert main(["score", "--domain", "airline", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("line 1 task ") and "reward=1.0" in out[0]
+    assert out[-1].startswith("scored 3 transcript(s), mean reward 1.000; 0 bad line(s)")
