@@ -1,0 +1,274 @@
+"""One typed configuration: dataclasses read from YAML with dotted ``a.b.c=value`` overrides.
+
+Unknown keys, wrong types and inconsistent values fail before any work, with a message
+naming the key. ``save`` writes the resolved config with secrets removed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message names the key."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = "smollm2-135m"
+    template: str | None = None  # a .jinja chat template file; default: the model's own if tool-aware, else ctu's
+    enable_thinking: bool = False  # Qwen3 thinking blocks
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+
+@dataclass
+class EngineConfig:
+    kind: Literal["hf", "remote", "vllm"] = "hf"
+    base_url: str | None = None  # remote: the OpenAI-compatible server
+    api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable holding the key
+    max_batch_size: int = 64
+    gpu_memory_utilization: float = 0.5
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256  # per assistant turn
+    seed: int = 0
+
+
+@dataclass
+class UserConfig:
+    kind: Literal["scripted", "llm"] = "scripted"
+    model: str = "gpt-4.1-mini"
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    strategy: Literal["llm", "react", "verify", "reflection"] = "llm"
+    temperature: float = 0.0
+    patience: int = 8  # scripted user: replies before it stops on tau2 tasks
+
+
+@dataclass
+class EnvConfig:
+    domains: list[str] = field(default_factory=lambda: ["mini"])
+    weights: dict[str, float] = field(default_factory=dict)  # sampling weight per domain (default equal)
+    tau2_data_dir: str | None = None
+    max_turns: int = 12
+    max_errors: int = 5
+    max_context_tokens: int = 4096
+
+
+@dataclass
+class FilterConfig:
+    max_assistant_tokens: int | None = None  # zero the reward if any single assistant message is longer
+    zero_reward_on_length_stop: bool = False
+    mask_length_stop: bool = False
+
+
+@dataclass
+class EvalConfig:
+    splits: list[str] = field(default_factory=lambda: ["test"])
+    samples_per_task: int = 1  # k: pass^k / pass@k for k = 1..samples_per_task
+    max_tasks: int | None = None  # per domain and split; None = all
+    temperature: float = 0.0
+    save_tokens: bool = False
+    concurrency: int = 32
+
+
+@dataclass
+class JudgeConfig:
+    enabled: bool = False
+    model: str = "gpt-4.1-mini"
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+
+
+@dataclass
+class RunConfig:
+    dir: str = "runs/default"
+    seed: int = 0
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    user: UserConfig = field(default_factory=UserConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    filters: FilterConfig = field(default_factory=FilterConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def problems(self) -> list[str]:
+        config = self
+        problems = []
+        from ctu.domains import DOMAINS
+
+        for i, name in enumerate(config.env.domains):
+            if name not in DOMAINS:
+                problems.append(f"env.domains[{i}]: unknown domain '{name}' (known: {', '.join(DOMAINS)})")
+        if not config.env.domains:
+            problems.append("env.domains: at least one domain is needed")
+        for name, weight in config.env.weights.items():
+            if name not in config.env.domains:
+                problems.append(f"env.weights.{name}: not one of env.domains")
+            elif weight < 0:
+                problems.append(f"env.weights.{name}: must be >= 0")
+        positive = {"env.max_turns": config.env.max_turns, "env.max_errors": config.env.max_errors,
+                    "sampling.max_tokens": config.sampling.max_tokens, "eval.samples_per_task": config.eval.samples_per_task,
+                    "eval.concurrency": config.eval.concurrency, "engine.max_batch_size": config.engine.max_batch_size,
+                    "env.max_context_tokens": config.env.max_context_tokens}
+        problems += [f"{k}: must be >= 1, got {v}" for k, v in positive.items() if v < 1]
+        if not 0 < config.sampling.top_p <= 1:
+            problems.append(f"sampling.top_p: must be in (0, 1], got {config.sampling.top_p}")
+        if config.sampling.temperature < 0 or config.eval.temperature < 0:
+            problems.append("sampling.temperature / eval.temperature: must be >= 0")
+        if config.engine.kind == "remote" and not config.engine.base_url:
+            problems.append("engine.base_url: required when engine.kind is 'remote'")
+        return problems
+
+
+# ------------------------------------------------------------------------------------
+# loading
+# ------------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against annotation ``tp`` (ints are accepted for floats)."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0])
+    if origin is Literal:
+        if value not in get_args(tp):
+            allowed = ", ".join(repr(v) for v in get_args(tp))
+            raise ConfigError(f"{key}: must be one of {allowed}, got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+        (item,) = get_args(tp)
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
+        _, val_tp = get_args(tp)
+        return {str(k): _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is Any or (isinstance(tp, type) and isinstance(value, tp) and not (tp is int and isinstance(value, bool))):
+        return value
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def _build(cls: type, data: Any, prefix: str = "") -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(f"unknown key '{where}{unknown[0]}' (known: {', '.join(sorted(names))})")
+    kwargs = {name: _coerce(value, hints[name], f"{prefix}.{name}" if prefix else name) for name, value in data.items()}
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b=value`` -> ("a.b", YAML-parsed value)."""
+    if "=" not in text or not re.match(r"^[A-Za-z_][\w.]*=", text):
+        raise ConfigError(f"override '{text}' must look like section.key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), cls: type = Config):
+    """Read YAML (optional), apply overrides, type-check, validate."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            tree = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping")
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value)
+    config = _build(cls, tree)
+    validate(config)
+    return config
+
+
+def validate(config: Any) -> None:
+    """Cross-field checks (the config's ``problems()``); the first problem is raised, naming its key."""
+    for problem in config.problems():
+        raise ConfigError(problem)
+
+
+_SECRET_KEY = re.compile(r"(api_?key|token|secret|password)$", re.I)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The config as plain data with secrets removed (names of env vars are kept, values never)."""
+
+    def scrub(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: ("<redacted>" if _SECRET_KEY.search(k) and v else scrub(v)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [scrub(v) for v in node]
+        return node
+
+    return scrub(dataclasses.asdict(config))
+
+
+def save_config(config: Any, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
