@@ -1,0 +1,1 @@
+"""RL math as small pure functions: advantages, losses, filters."""
