@@ -11,11 +11,12 @@ episodes, so thousands can run concurrently in one process.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from ctu.domains.base import DBView, Domain, Task, run_tool
-from ctu.reward import Reward, compute_reward, NLJudge
+from ctu.reward import NLJudge, Reward, compute_reward
 from ctu.users.base import AGENT_GREETING, STOP, UserSession, UserSimulatorError, is_stop
 
 AGENT_INSTRUCTION = (
@@ -77,6 +78,7 @@ class Episode:
         self.done = False
         self.termination: str | None = None
         self.error: str | None = None
+        self.timings = {"env": 0.0, "user": 0.0}  # seconds spent running tools / waiting for the user
         self._call_counter = 0
 
     # -- lifecycle -----------------------------------------------------------------
@@ -106,6 +108,7 @@ class Episode:
         info: dict[str, Any] = {}
         if calls:
             transferred = False
+            started = time.perf_counter()
             for call in calls:
                 result = run_tool(self.domain.tool(call.name), self.db, call.arguments, call.name)
                 self.tool_errors += result.error
@@ -114,6 +117,7 @@ class Episode:
                 self.messages.append(obs)
                 observations.append(obs)
             info["tool_errors"] = self.tool_errors
+            self.timings["env"] += time.perf_counter() - started
             if transferred:
                 self._finish("agent_stop")
             elif self.tool_errors >= self.max_errors:
@@ -136,12 +140,15 @@ class Episode:
 
     # -- helpers ---------------------------------------------------------------------
     async def _ask_user(self, agent_text: str) -> str | None:
+        started = time.perf_counter()
         try:
             reply = await self.user.reply(agent_text)
         except UserSimulatorError as exc:
             self.error = str(exc)
             self._finish("user_error")
             return None
+        finally:
+            self.timings["user"] += time.perf_counter() - started
         self.messages.append({"role": "user", "content": reply})
         if is_stop(reply):
             self._finish("user_stop")
