@@ -83,6 +83,93 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _load(args: argparse.Namespace):
+    from ctu.config import ConfigError, load_config
+
+    config_path, overrides = args.config, list(args.overrides)
+    if config_path is not None and "=" in config_path:  # only overrides were given
+        config_path, overrides = None, [config_path, *overrides]
+    try:
+        return load_config(config_path, overrides)
+    except ConfigError as exc:
+        raise SystemExit(f"ctu: config error: {exc}") from None
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """k samples per task over the configured domains and splits; reports into run.dir."""
+    import asyncio
+
+    from tqdm import tqdm
+
+    from ctu import components as build
+    from ctu.config import save_config
+    from ctu.evaluate import episode_specs, write_report
+    from ctu.rollout import RolloutLimits, rollout
+
+    config = _load(args)
+    save_config(config, f"{config.run.dir}/config.yaml")
+    domains = build.build_domains(config)
+    specs = episode_specs(domains, config.eval.splits, config.eval.samples_per_task, config.eval.max_tasks)
+    chat = build.build_chat(config)
+    engine = build.build_engine(config, tokenizer=chat.tokenizer)
+    limits = RolloutLimits(config.env.max_turns, config.env.max_errors, config.env.max_context_tokens)
+    bar = tqdm(total=len(specs), desc="eval", unit="episode", dynamic_ncols=True)
+    wins = [0, 0]
+
+    def done(trajectory) -> None:
+        wins[0] += trajectory.success
+        wins[1] += 1
+        bar.set_postfix(success=f"{wins[0] / wins[1]:.2f}")
+        bar.update()
+
+    try:
+        trajectories = asyncio.run(rollout(
+            specs, chat, engine, build.build_user(config), build.sampling_params(config, config.eval.temperature),
+            limits, judge=build.build_judge(config), concurrency=config.eval.concurrency,
+            max_batch_size=config.engine.max_batch_size, on_done=done))
+    finally:
+        bar.close()
+        engine.close()
+    report = write_report(config.run.dir, trajectories, config.eval.save_tokens)
+    for scope, s in report.items():
+        print(f"{scope}: success {s['success_rate']:.3f} over {s['episodes']} episodes "
+              f"({s['tasks']} tasks; pass^1 {s['pass^k'].get('1', 0.0):.3f}; errored {s['errored']}; "
+              f"parse failures {s['parse_failure_rate']:.3f}; mean turns {s['mean_turns']:.1f})")
+    print(f"wrote {config.run.dir}/report.json, report.md, trajectories.jsonl, pass_k.png")
+    return 0
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    """One episode, printed turn by turn: a model or you as the agent."""
+    import asyncio
+
+    from ctu import components as build
+    from ctu.play import print_trajectory, run_human
+    from ctu.rollout import EpisodeSpec, RolloutLimits, rollout
+
+    if args.model:
+        args.overrides = [*args.overrides, f"model.path={args.model}"]
+    config = _load(args)
+    domain = get_domain(args.domain, config.env.tau2_data_dir)
+    try:
+        task = domain.task(args.task)
+    except KeyError as exc:
+        raise SystemExit(f"ctu: {exc.args[0]}") from None
+    user = build.build_user(config)
+    if args.human:
+        return run_human(domain, task, user, config.env.max_turns)
+    chat = build.build_chat(config)
+    engine = build.build_engine(config, tokenizer=chat.tokenizer)
+    limits = RolloutLimits(config.env.max_turns, config.env.max_errors, config.env.max_context_tokens)
+    try:
+        (trajectory,) = asyncio.run(rollout([EpisodeSpec(domain, task)], chat, engine, user,
+                                            build.sampling_params(config), limits))
+    finally:
+        engine.close()
+    print_trajectory(trajectory)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctu", description="Train and evaluate tool-using agents with RL.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -105,6 +192,24 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--json", action="store_true", help="one JSON result per input line")
     score.add_argument("--data-dir", default=None, help="tau2 data directory (default: installed packages)")
     score.set_defaults(func=cmd_score)
+
+    ev = sub.add_parser("eval", help="evaluate a model: pass^k, pass@k, reports",
+                        description="Run k samples per task over the configured domains and splits; write "
+                                    "report.json, report.md, trajectories.jsonl and pass_k.png to run.dir.")
+    ev.add_argument("config", nargs="?", default=None, help="YAML config (default: built-in defaults)")
+    ev.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.path=tiny-random eval.samples_per_task=4")
+    ev.set_defaults(func=cmd_eval)
+
+    play = sub.add_parser("play", help="play one episode in the terminal",
+                          description="Play one episode turn by turn, with a model or yourself as the agent.")
+    play.add_argument("--domain", required=True, choices=DOMAINS)
+    play.add_argument("--task", required=True, help="task id")
+    who = play.add_mutually_exclusive_group()
+    who.add_argument("--model", default=None, help="model id or directory (default: model.path of the config)")
+    who.add_argument("--human", action="store_true", help="you are the agent")
+    play.add_argument("--config", default=None, help="YAML config")
+    play.add_argument("overrides", nargs="*", help="dotted overrides")
+    play.set_defaults(func=cmd_play)
     return parser
 
 

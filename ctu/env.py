@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctu.domains.base import DBView, Domain, Task, run_tool
-from ctu.reward import NLJudge, Reward, compute_reward
+from ctu.reward import Reward, compute_reward
 from ctu.users.base import AGENT_GREETING, STOP, UserSession, UserSimulatorError, is_stop
 
 AGENT_INSTRUCTION = (
@@ -134,9 +134,9 @@ class Episode:
             self._finish("max_turns")
         return StepResult(observations, self.done, self.termination, info)
 
-    def reward(self, judge: NLJudge | None = None) -> Reward:
+    def reward(self, verdicts: Verdicts | None = None) -> Reward:
         """The tau2 reward of the episode so far (normally called once it is done)."""
-        return compute_reward(self.domain, self.task, self.messages, self.db, self.termination, judge)
+        return compute_reward(self.domain, self.task, self.messages, self.db, self.termination, verdicts)
 
     # -- helpers ---------------------------------------------------------------------
     async def _ask_user(self, agent_text: str) -> str | None:

@@ -19,10 +19,23 @@ NORMAL_ENDINGS = ("user_stop", "agent_stop")
 COMPONENTS = ("DB", "ENV_ASSERTION", "ACTION", "COMMUNICATE", "NL_ASSERTION")
 
 
-class NLJudge(Protocol):
-    """Decides natural-language assertions over a conversation: one bool and reason each."""
+Verdicts = list[tuple[bool, str]]
 
-    def judge(self, assertions: Sequence[str], messages: Sequence[Mapping[str, Any]]) -> list[tuple[bool, str]]: ...
+
+class NLJudge(Protocol):
+    """Decides natural-language assertions over a conversation: (met, reason) for each."""
+
+    async def judge(self, assertions: Sequence[str], messages: Sequence[Mapping[str, Any]]) -> Verdicts: ...
+
+
+async def nl_verdicts(judge: NLJudge | None, task: Task, messages: Sequence[Mapping[str, Any]]) -> Verdicts | None:
+    """The judge's verdicts on the task's NL assertions, or None when there is no judge or nothing to judge."""
+    if judge is None or not task.nl_assertions or "NL_ASSERTION" not in task.reward_basis:
+        return None
+    verdicts = await judge.judge(task.nl_assertions, messages)
+    if len(verdicts) != len(task.nl_assertions):
+        raise ValueError(f"judge returned {len(verdicts)} verdicts for {len(task.nl_assertions)} assertions")
+    return verdicts
 
 
 @dataclass(frozen=True)
@@ -151,9 +164,13 @@ def compute_reward(
     messages: Sequence[Mapping[str, Any]],
     final_db: DBView,
     termination: str | None,
-    judge: NLJudge | None = None,
+    verdicts: Verdicts | None = None,
 ) -> Reward:
-    """Score an episode: its clean messages, its final DB and how it ended."""
+    """Score an episode: its clean messages, its final DB and how it ended.
+
+    ``verdicts`` are a judge's answers for the task's NL assertions (see :func:`nl_verdicts`);
+    without them NL_ASSERTION is skipped, never counted as passed.
+    """
     if not task.has_criteria:
         reward = 1.0 if termination in NORMAL_ENDINGS else 0.0
         return Reward(reward, {}, termination=termination)
@@ -174,12 +191,12 @@ def compute_reward(
         elif name == "NL_ASSERTION":
             if not task.nl_assertions:
                 value, why = 1.0, []  # tau2: nothing to evaluate counts as met
-            elif judge is None:
+            elif verdicts is None:
                 skipped.append(name)
                 continue
             else:
-                verdicts = judge.judge(task.nl_assertions, messages)
-                why = [f"NL_ASSERTION: '{a}' not met: {r}" for a, (ok, r) in zip(task.nl_assertions, verdicts) if not ok]
+                why = [f"NL_ASSERTION: '{a}' not met: {r}"
+                       for a, (ok, r) in zip(task.nl_assertions, verdicts, strict=True) if not ok]
                 value = 0.0 if why else 1.0
         else:
             raise ValueError(f"task {task.id}: unknown reward_basis component '{name}'")
@@ -199,8 +216,8 @@ def score_transcript(
     task: Task,
     messages: Sequence[Mapping[str, Any]],
     termination: str | None,
-    judge: NLJudge | None = None,
+    verdicts: Verdicts | None = None,
 ) -> Reward:
     """Score a recorded transcript: its tool calls are re-executed on a fresh DB."""
     final_db = replay(domain, assistant_tool_calls(messages))
-    return compute_reward(domain, task, messages, final_db, termination, judge)
+    return compute_reward(domain, task, messages, final_db, termination, verdicts)

@@ -10,7 +10,7 @@ from ctu.domains.base import Domain
 DOMAINS = ("mini", "retail", "airline")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_domain(name: str, data_dir: str | None = None) -> Domain:
     """Load a domain by name (cached: the base DB is shared read-only by all episodes)."""
     if name not in DOMAINS:

@@ -1,7 +1,8 @@
+import asyncio
 import json
 
 from ctu.domains.base import run_tool
-from ctu.reward import communicated, compute_reward, score_transcript
+from ctu.reward import communicated, compute_reward, nl_verdicts, score_transcript
 from tests.toy_domain import make_toy_domain
 
 
@@ -80,11 +81,13 @@ def test_env_assertions_run_on_the_final_db():
 
 
 class FakeJudge:
+    """Stands in for the outside LLM judge service."""
+
     def __init__(self, verdict):
         self.verdict = verdict
         self.calls = 0
 
-    def judge(self, assertions, messages):
+    async def judge(self, assertions, messages):
         self.calls += 1
         return [(self.verdict, "because") for _ in assertions]
 
@@ -94,9 +97,16 @@ def test_nl_assertion_is_skipped_without_a_judge_never_counted_as_passed():
     task = domain.task("judged")
     reward = score_transcript(domain, task, [say("hello"), STOP], "user_stop")
     assert reward.skipped == ("NL_ASSERTION",) and "NL_ASSERTION" not in reward.components
-    judged = score_transcript(domain, task, [say("hello"), STOP], "user_stop", judge=FakeJudge(False))
+    assert asyncio.run(nl_verdicts(None, task, [])) is None
+    no = asyncio.run(nl_verdicts(FakeJudge(False), task, [say("hello")]))
+    judged = score_transcript(domain, task, [say("hello"), STOP], "user_stop", verdicts=no)
     assert judged.components["NL_ASSERTION"] == 0.0 and judged.reward == 0.0
-    assert score_transcript(domain, task, [STOP], "user_stop", judge=FakeJudge(True)).reward == 1.0
+    assert "'Agent is polite.' not met" in judged.reasons[0]
+    yes = asyncio.run(nl_verdicts(FakeJudge(True), task, []))
+    assert score_transcript(domain, task, [STOP], "user_stop", verdicts=yes).reward == 1.0
+    # a task without NL assertions never calls the judge
+    judge = FakeJudge(True)
+    assert asyncio.run(nl_verdicts(judge, domain.task("paint"), [])) is None and judge.calls == 0
 
 
 def test_communicate_check_is_tau2s_lowercase_comma_stripped_substring():

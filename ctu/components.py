@@ -1,0 +1,64 @@
+"""Build the running parts (engine, chat format, user simulator, judge, domains) from a Config."""
+
+from __future__ import annotations
+
+from ctu.config import Config
+from ctu.domains import get_domain
+from ctu.domains.base import Domain
+from ctu.engines.base import SamplingParams
+from ctu.users.base import UserSimulator
+
+
+def build_domains(config: Config) -> list[Domain]:
+    return [get_domain(name, config.env.tau2_data_dir) for name in config.env.domains]
+
+
+def build_chat(config: Config, tokenizer=None):
+    from ctu.chat import ChatFormat
+    from ctu.models import load_tokenizer
+
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model.path)
+    return ChatFormat(tokenizer, template=config.model.template, enable_thinking=config.model.enable_thinking)
+
+
+def build_engine(config: Config, model=None, tokenizer=None):
+    """The configured engine; ``model`` lets the trainer share its in-process policy with the hf engine."""
+    from ctu.engines.registry import make_engine
+
+    kind = config.engine.kind
+    if kind == "hf":
+        return make_engine("hf", model_or_name=model if model is not None else config.model.path,
+                           tokenizer=tokenizer, max_batch_size=config.engine.max_batch_size)
+    if kind == "remote":
+        return make_engine("remote", base_url=config.engine.base_url, model=config.model.path,
+                           api_key_env=config.engine.api_key_env)
+    return make_engine("vllm", model_path=config.model.path,
+                       gpu_memory_utilization=config.engine.gpu_memory_utilization, seed=config.run.seed)
+
+
+def build_user(config: Config) -> UserSimulator:
+    if config.user.kind == "scripted":
+        from ctu.users.scripted import ScriptedUser
+
+        return ScriptedUser(patience=config.user.patience)
+    from ctu.users.llm import LLMUser, LLMUserConfig
+
+    return LLMUser(LLMUserConfig(model=config.user.model, base_url=config.user.base_url,
+                                 api_key_env=config.user.api_key_env, strategy=config.user.strategy,
+                                 temperature=config.user.temperature))
+
+
+def build_judge(config: Config):
+    """The NL-assertion judge for evaluation, or None (NL_ASSERTION is then reported as skipped)."""
+    if not config.judge.enabled:
+        return None
+    from ctu.judge import LLMJudge
+
+    return LLMJudge(model=config.judge.model, base_url=config.judge.base_url, api_key_env=config.judge.api_key_env)
+
+
+def sampling_params(config: Config, temperature: float | None = None) -> SamplingParams:
+    return SamplingParams(
+        temperature=config.sampling.temperature if temperature is None else temperature,
+        top_p=config.sampling.top_p, max_tokens=config.sampling.max_tokens, seed=config.sampling.seed,
+    )
