@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctu.domains.base import DBView, Domain, Task, run_tool
-from ctu.reward import Reward, compute_reward
+from ctu.reward import Reward, Verdicts, compute_reward
 from ctu.users.base import AGENT_GREETING, STOP, UserSession, UserSimulatorError, is_stop
 
 AGENT_INSTRUCTION = (
