@@ -1,0 +1,77 @@
+"""Group-relative advantage estimators (pure functions over flat reward lists).
+
+Episodes that sampled the same task form a group (``group_ids``). Every estimator
+returns one scalar advantage per episode; the trainer broadcasts it over the
+episode's generated tokens.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+
+import torch
+
+
+def _groups(group_ids: Sequence[Hashable]) -> dict[Hashable, list[int]]:
+    index: dict[Hashable, list[int]] = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        index[g].append(i)
+    return index
+
+
+def grpo_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable], *, normalize_std: bool = True,
+                    eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: reward minus its group mean, divided by the group std when ``normalize_std``.
+
+    ``normalize_std=False`` is Dr.GRPO (no std division). A group of one gets advantage 0.
+    """
+    if len(rewards) != len(group_ids):
+        raise ValueError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
+    r = torch.as_tensor(list(rewards), dtype=torch.float64)
+    adv = torch.zeros_like(r)
+    for idx in _groups(group_ids).values():
+        values = r[idx]
+        centred = values - values.mean()
+        if normalize_std and len(idx) > 1:
+            centred = centred / (values.std(unbiased=True) + eps)
+        adv[idx] = centred if len(idx) > 1 else 0.0
+    return adv.float()
+
+
+def rloo_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable]) -> torch.Tensor:
+    """RLOO: reward minus the mean of the *other* rewards in its group (0 for a group of one)."""
+    if len(rewards) != len(group_ids):
+        raise ValueError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
+    r = torch.as_tensor(list(rewards), dtype=torch.float64)
+    adv = torch.zeros_like(r)
+    for idx in _groups(group_ids).values():
+        n = len(idx)
+        if n > 1:
+            values = r[idx]
+            adv[idx] = values - (values.sum() - values) / (n - 1)
+    return adv.float()
+
+
+def informative_groups(rewards: Sequence[float], group_ids: Sequence[Hashable], tol: float = 1e-9) -> list[int]:
+    """Dynamic sampling: indices of episodes whose group's rewards are not all equal (in order)."""
+    keep = set()
+    for idx in _groups(group_ids).values():
+        values = [rewards[i] for i in idx]
+        if max(values) - min(values) > tol:
+            keep.update(idx)
+    return sorted(keep)
+
+
+ESTIMATORS = {
+    "grpo": lambda r, g: grpo_advantages(r, g, normalize_std=True),
+    "dr_grpo": lambda r, g: grpo_advantages(r, g, normalize_std=False),
+    "rloo": rloo_advantages,
+}
+
+
+def compute_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[Hashable]) -> torch.Tensor:
+    try:
+        return ESTIMATORS[name](rewards, group_ids)
+    except KeyError:
+        raise ValueError(f"unknown advantage estimator '{name}' (known: {', '.join(ESTIMATORS)})") from None

@@ -1,0 +1,138 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ctu.rl.advantages import compute_advantages, grpo_advantages, informative_groups, rloo_advantages
+from ctu.rl.losses import aggregate, entropy_from_logits, kl_penalty, ppo_clip_loss, truncated_importance_weights
+
+reward = st.floats(min_value=-5, max_value=5, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def grouped_rewards(draw):
+    sizes = draw(st.lists(st.integers(1, 6), min_size=1, max_size=5))
+    rewards, groups = [], []
+    for g, n in enumerate(sizes):
+        rewards += draw(st.lists(reward, min_size=n, max_size=n))
+        groups += [f"task{g}"] * n
+    perm = draw(st.permutations(range(len(rewards))))
+    return [rewards[i] for i in perm], [groups[i] for i in perm]
+
+
+@settings(max_examples=150, deadline=None)
+@given(grouped_rewards(), st.sampled_from(["grpo", "dr_grpo", "rloo"]), reward)
+def test_advantages_sum_to_zero_per_group_and_ignore_constant_shifts(data, name, shift):
+    rewards, groups = data
+    adv = compute_advantages(name, rewards, groups)
+    for g in set(groups):
+        idx = [i for i, x in enumerate(groups) if x == g]
+        assert abs(float(adv[idx].sum())) < 1e-3
+    shifted = compute_advantages(name, [r + shift for r in rewards], groups)
+    assert torch.allclose(adv, shifted, atol=1e-3)
+
+
+@given(grouped_rewards())
+def test_std_normalised_grpo_is_scale_invariant_and_rloo_is_scaled_centring(data):
+    rewards, groups = data
+    a = grpo_advantages(rewards, groups)
+    b = grpo_advantages([3 * r for r in rewards], groups)
+    assert torch.allclose(a, b, atol=1e-3)
+    dr = grpo_advantages(rewards, groups, normalize_std=False)
+    rl = rloo_advantages(rewards, groups)
+    for g in set(groups):
+        idx = [i for i, x in enumerate(groups) if x == g]
+        n = len(idx)
+        if n > 1:
+            assert torch.allclose(rl[idx], dr[idx] * n / (n - 1), atol=1e-4)
+
+
+def test_dynamic_sampling_drops_groups_with_equal_rewards():
+    assert informative_groups([1, 1, 0, 1, 0.5, 0.5], ["a", "a", "b", "b", "c", "c"]) == [2, 3]
+    assert informative_groups([], []) == []
+    with pytest.raises(ValueError):
+        compute_advantages("ppo", [1.0], ["a"])
+
+
+tensors = st.integers(1, 4).flatmap(lambda b: st.integers(1, 6).flatmap(lambda t: st.tuples(
+    st.lists(st.floats(-3, 0, allow_nan=False), min_size=b * t, max_size=b * t),
+    st.lists(st.floats(-3, 0, allow_nan=False), min_size=b * t, max_size=b * t),
+    st.lists(st.floats(-2, 2, allow_nan=False), min_size=b, max_size=b),
+    st.lists(st.integers(0, 1), min_size=b * t, max_size=b * t),
+    st.just((b, t)))))
+
+
+def unpack(data):
+    lp, old, adv, mask, (b, t) = data
+    return (torch.tensor(lp).view(b, t), torch.tensor(old).view(b, t), torch.tensor(adv),
+            torch.tensor(mask, dtype=torch.float32).view(b, t))
+
+
+@settings(max_examples=150, deadline=None)
+@given(tensors, st.sampled_from(["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]))
+def test_masked_tokens_never_change_the_loss(data, agg):
+    lp, old, adv, mask = unpack(data)
+    loss, _ = ppo_clip_loss(lp, old, adv, mask, aggregation=agg, clip_high=0.28, dual_clip=3.0)
+    noise = torch.where(mask > 0, torch.zeros_like(lp), torch.full_like(lp, 1.7))
+    loss2, _ = ppo_clip_loss(lp - noise, old + noise, adv, mask, aggregation=agg, clip_high=0.28, dual_clip=3.0)
+    assert torch.allclose(loss, loss2, atol=1e-5)
+    assert math.isfinite(float(loss))
+
+
+@given(st.integers(1, 3), st.integers(1, 5))
+def test_gradient_vanishes_at_ratio_one_with_zero_advantage(b, t):
+    old = -torch.rand(b, t)
+    lp = old.clone().requires_grad_(True)
+    loss, metrics = ppo_clip_loss(lp, old, torch.zeros(b), torch.ones(b, t))
+    loss.backward()
+    assert torch.all(lp.grad == 0) and metrics["clip_fraction"] == 0.0
+    lp2 = old.clone().requires_grad_(True)
+    ppo_clip_loss(lp2, old, torch.ones(b), torch.ones(b, t))[0].backward()
+    assert torch.all(lp2.grad < 0)  # positive advantage: the loss pushes logprobs up
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(-4, 4, allow_nan=False), st.floats(-3, 3, allow_nan=False).filter(lambda a: abs(a) > 1e-3),
+       st.floats(0.05, 0.4), st.floats(0.05, 0.5))
+def test_clipping_never_lets_the_objective_past_the_bounds(log_ratio, adv, low, high):
+    lp = torch.tensor([[log_ratio]])
+    loss, _ = ppo_clip_loss(lp, torch.zeros(1, 1), torch.tensor([adv]), torch.ones(1, 1), clip_low=low, clip_high=high)
+    objective = -float(loss)
+    bound = (1 + high) * adv if adv > 0 else (1 - low) * adv
+    assert objective <= bound + 1e-5
+    assert objective <= math.exp(log_ratio) * adv + 1e-5  # pessimistic: never above the unclipped objective
+
+
+def test_dual_clip_bounds_negative_advantage_loss():
+    lp = torch.tensor([[3.0]])  # ratio e^3 ~ 20
+    loss, _ = ppo_clip_loss(lp, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1), dual_clip=3.0)
+    assert float(loss) == pytest.approx(3.0)
+
+
+def test_aggregations_on_a_known_example_and_empty_masks():
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert float(aggregate(per_token, mask, "token_mean")) == pytest.approx(7 / 3)
+    assert float(aggregate(per_token, mask, "seq_mean_token_mean")) == pytest.approx((1.5 + 4) / 2)
+    assert float(aggregate(per_token, mask, "seq_mean_token_sum_norm")) == pytest.approx((3 / 3 + 4 / 3) / 2)
+    for mode in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
+        assert float(aggregate(per_token, torch.zeros_like(mask), mode)) == 0.0
+        assert float(aggregate(torch.zeros(0, 0), torch.zeros(0, 0), mode)) == 0.0
+
+
+@given(st.lists(st.floats(-5, 0, allow_nan=False), min_size=1, max_size=10),
+       st.lists(st.floats(-5, 0, allow_nan=False), min_size=1, max_size=10))
+def test_kl_estimators(lp, ref):
+    n = min(len(lp), len(ref))
+    a, b = torch.tensor(lp[:n]), torch.tensor(ref[:n])
+    assert torch.all(kl_penalty(a, b, "k2") >= 0) and torch.all(kl_penalty(a, b, "k3") >= -1e-6)
+    assert torch.allclose(kl_penalty(a, a, "k3"), torch.zeros(n)) and torch.allclose(kl_penalty(a, a, "k1"), torch.zeros(n))
+
+
+def test_truncated_importance_weights_and_entropy():
+    w = truncated_importance_weights(torch.tensor([0.0, 1.0, -1.0]), torch.tensor([0.0, 0.0, 0.0]), cap=2.0)
+    assert torch.allclose(w, torch.tensor([1.0, 2.0, math.exp(-1)]))
+    uniform = entropy_from_logits(torch.zeros(2, 8))
+    assert torch.allclose(uniform, torch.full((2,), math.log(8)))
