@@ -184,7 +184,9 @@ def validate(value: Any, schema: Mapping[str, Any], path: str) -> str | None:
         None: True,
         "null": value is None,
         "string": isinstance(value, str),
-        "integer": isinstance(value, int) and not isinstance(value, bool),
+        # integral floats pass as integers, as pydantic's lax mode accepts them (tools convert with int())
+        "integer": (isinstance(value, int) and not isinstance(value, bool))
+        or (isinstance(value, float) and value.is_integer()),
         "number": isinstance(value, (int, float)) and not isinstance(value, bool),
         "boolean": isinstance(value, bool),
         "array": isinstance(value, list),
@@ -206,7 +208,7 @@ def validate(value: Any, schema: Mapping[str, Any], path: str) -> str | None:
                 return f"missing required argument '{path}.{name}'"
         for name, item in value.items():
             if name not in schema["properties"]:
-                return f"unexpected argument '{path}.{name}'"
+                continue  # nested objects ignore extra keys, as tau2's pydantic models do
             problem = validate(item, schema["properties"][name], f"{path}.{name}")
             if problem:
                 return problem

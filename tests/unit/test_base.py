@@ -36,6 +36,11 @@ def test_invalid_arguments_give_an_error_naming_the_field_and_leave_db_unchanged
         assert view.touched() == set()
     bad_line = run_tool(fill_box, domain.new_db(), {"box_id": "b1", "lines": [{"sku": "x"}]})
     assert bad_line.error and "lines[0].qty" in bad_line.content
+    # like tau2's pydantic models: nested extra keys are ignored, integral floats are integers
+    ok = run_tool(fill_box, domain.new_db(), {"box_id": "b1", "lines": [{"sku": "x", "qty": 2.0, "note": "x"}]})
+    assert not ok.error
+    half = run_tool(fill_box, domain.new_db(), {"box_id": "b1", "lines": [{"sku": "x", "qty": 2.5}]})
+    assert half.error and "lines[0].qty' must be of type integer" in half.content
 
 
 def test_unknown_tool_and_domain_errors():
