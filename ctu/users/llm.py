@@ -1,0 +1,178 @@
+"""An LLM-played user through any OpenAI-compatible chat API, prompted as tau2-bench does.
+
+The simulator sees the conversation from the customer's side: the agent's messages are
+``user`` turns for it, its own replies ``assistant`` turns. Strategies (tau-bench's):
+- ``llm``: one completion per reply;
+- ``react``: the model writes ``Thought:`` then ``User Response:``; only the response is sent;
+- ``verify``: a second call checks the reply against the scenario; a rejected reply is
+  regenerated (up to ``max_verify_rounds`` times);
+- ``reflection``: like verify, but a rejected reply is first reflected on, and the
+  reflection's revised response is used.
+Failures after retries raise UserSimulatorError: the episode is marked errored.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from ctu.domains.base import Domain, Task
+from ctu.llm_api import ChatAPIConfig, ChatClient, LLMCallError
+from ctu.users.base import UserSession, UserSimulator, UserSimulatorError
+
+GUIDELINES = """# User simulation guidelines
+You play a customer contacting a customer service agent. Follow the scenario instructions below.
+- Write one message at a time, like a real customer would.
+- Follow the scenario strictly. Never invent information the scenario does not give you; treat it as unknown.
+- Do not copy the instructions word for word: paraphrase them naturally.
+- Reveal information progressively: wait for the agent to ask before giving details.
+- Keep going until the task is complete. When your goal is satisfied, write '###STOP###' to end the conversation.
+- If you are transferred to another agent, write '###TRANSFER###'.
+- If the scenario does not give you enough information to continue, write '###OUT-OF-SCOPE###'."""
+
+REACT_SUFFIX = """
+Format every reply as:
+Thought:
+<your reasoning about what to say next>
+
+User Response:
+<the message to send to the agent>"""
+
+VERIFY_PROMPT = """You supervise a simulated customer. Given the scenario and the conversation so far, decide whether
+the customer's latest reply is consistent with the scenario: it reveals no invented information, follows the
+instructions, and ends with '###STOP###' only when the goal is met. Answer with one word: true or false.
+
+<scenario>
+{scenario}
+</scenario>
+
+<conversation>
+{conversation}
+</conversation>
+
+Latest customer reply: {reply}"""
+
+REFLECT_PROMPT = VERIFY_PROMPT + """
+
+The reply was judged inconsistent with the scenario. Reflect on what is wrong, then write a better reply, as:
+Reflection:
+<what was wrong>
+
+Response:
+<the corrected customer reply>"""
+
+Strategy = Literal["llm", "react", "verify", "reflection"]
+
+
+@dataclass(frozen=True)
+class LLMUserConfig:
+    model: str
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    strategy: Strategy = "llm"
+    temperature: float = 0.0
+    max_tokens: int = 512
+    max_retries: int = 4
+    backoff_initial: float = 0.5
+    backoff_max: float = 8.0
+    timeout: float = 60.0
+    max_verify_rounds: int = 2
+
+
+def scenario_prompt(task: Task) -> str:
+    """tau2's rendering of a user scenario (persona, then the structured instructions)."""
+    scenario = task.user_scenario or {}
+    lines = []
+    if scenario.get("persona"):
+        lines += ["Persona:", "\t" + str(scenario["persona"]).replace("\n", "\n\t")]
+    instructions = scenario.get("instructions")
+    if isinstance(instructions, dict):
+        parts = [f"Domain: {instructions.get('domain', '')}",
+                 "Reason for call:\n\t" + str(instructions.get("reason_for_call") or "").replace("\n", "\n\t")]
+        for key, title in (("known_info", "Known info"), ("unknown_info", "Unknown info")):
+            if instructions.get(key) is not None:
+                parts.append(f"{title}:\n\t" + str(instructions[key]).replace("\n", "\n\t"))
+        parts.append("Task instructions:\n\t" + str(instructions.get("task_instructions") or "").replace("\n", "\n\t"))
+        text = "\n".join(parts)
+    else:
+        text = str(instructions or "")
+    lines += ["Instructions:", "\t" + text.replace("\n", "\n\t")]
+    return "\n".join(lines)
+
+
+def system_prompt(task: Task, strategy: Strategy) -> str:
+    base = f"{GUIDELINES}\n\n<scenario>\n{scenario_prompt(task)}\n</scenario>"
+    return base + REACT_SUFFIX if strategy == "react" else base
+
+
+def _after(label: str, text: str) -> str:
+    parts = re.split(rf"{label}\s*:", text)
+    return parts[-1].strip() if len(parts) > 1 else text.strip()
+
+
+class LLMUserSession(UserSession):
+    def __init__(self, client: ChatClient, config: LLMUserConfig, task: Task, seed: int):
+        self.client = client
+        self.config = config
+        self.task = task
+        self.seed = seed
+        self.history: list[dict[str, str]] = [{"role": "system", "content": system_prompt(task, config.strategy)}]
+
+    async def _complete(self, messages: list[dict[str, str]]) -> str:
+        try:
+            return await self.client.complete(messages, temperature=self.config.temperature,
+                                              max_tokens=self.config.max_tokens, seed=self.seed)
+        except LLMCallError as exc:
+            raise UserSimulatorError(f"user simulator: {exc}") from None
+
+    def _transcript(self) -> str:
+        who = {"user": "agent", "assistant": "customer"}
+        return "\n".join(f"{who[m['role']]}: {m['content']}" for m in self.history if m["role"] in who)
+
+    async def _verified(self, reply: str) -> bool:
+        verdict = await self._complete([{"role": "user", "content": VERIFY_PROMPT.format(
+            scenario=scenario_prompt(self.task), conversation=self._transcript(), reply=reply)}])
+        return "true" in verdict.strip().lower()[:10]
+
+    async def _generate(self) -> str:
+        raw = await self._complete(self.history)
+        return _after("User Response", raw) if self.config.strategy == "react" else raw.strip()
+
+    async def reply(self, agent_message: str) -> str:
+        self.history.append({"role": "user", "content": agent_message})
+        reply = await self._generate()
+        if self.config.strategy in ("verify", "reflection"):
+            for _ in range(self.config.max_verify_rounds):
+                if await self._verified(reply):
+                    break
+                if self.config.strategy == "verify":
+                    reply = await self._generate()
+                else:
+                    reflection = await self._complete([{"role": "user", "content": REFLECT_PROMPT.format(
+                        scenario=scenario_prompt(self.task), conversation=self._transcript(), reply=reply)}])
+                    reply = _after("Response", reflection)
+        if not reply:
+            raise UserSimulatorError(f"user simulator model '{self.config.model}' produced an empty reply")
+        self.history.append({"role": "assistant", "content": reply})
+        return reply
+
+
+class LLMUser(UserSimulator):
+    """A user simulator played by an LLM; one HTTP client shared by all sessions."""
+
+    def __init__(self, config: LLMUserConfig, sleep=None):
+        self.config = config
+        api = ChatAPIConfig(model=config.model, base_url=config.base_url, api_key_env=config.api_key_env,
+                            max_retries=config.max_retries, backoff_initial=config.backoff_initial,
+                            backoff_max=config.backoff_max, timeout=config.timeout)
+        try:
+            self.client = ChatClient(api) if sleep is None else ChatClient(api, sleep=sleep)
+        except LLMCallError as exc:
+            raise UserSimulatorError(str(exc)) from None
+
+    def __repr__(self) -> str:
+        return f"LLMUser(model={self.config.model!r}, base_url={self.config.base_url!r}, strategy={self.config.strategy!r})"
+
+    def start(self, domain: Domain, task: Task, seed: int = 0) -> LLMUserSession:
+        return LLMUserSession(self.client, self.config, task, seed)
