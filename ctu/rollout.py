@@ -20,6 +20,7 @@ from ctu.chat import ChatFormat, TokenSequence
 from ctu.domains.base import Domain, Task
 from ctu.engines.base import Completion, Engine, SamplingParams
 from ctu.env import AgentTurn, Episode, ToolCall
+from ctu.llm_api import LLMCallError
 from ctu.parsing import parse_model_output
 from ctu.reward import NLJudge, compute_reward, nl_verdicts
 from ctu.users.base import UserSimulator
@@ -202,7 +203,12 @@ async def run_episode(
     elif episode.termination == "max_turns":
         stop_reason = "max_turns"
     termination = episode.termination if episode.done else stop_reason
-    verdicts = await nl_verdicts(judge, task, episode.messages) if stop_reason != "error" else None
+    verdicts = None
+    if stop_reason != "error":
+        try:
+            verdicts = await nl_verdicts(judge, task, episode.messages)
+        except LLMCallError as exc:  # the judge failed: the episode is errored, not scored 0
+            stop_reason, episode.error = "error", f"judge: {exc}"
     reward = compute_reward(domain, task, episode.messages, episode.db, termination, verdicts)
     return Trajectory(
         domain=domain.name, task_id=task.id, sample=spec.sample,
