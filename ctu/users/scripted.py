@@ -3,9 +3,9 @@
 If the task's ``user_scenario`` has a ``script`` (a list of messages, as the ``mini``
 domain's tasks do), the user says them in order, one per agent message, and then
 ends the conversation with ``###STOP###``. Otherwise (tau2 tasks) it opens with the
-scenario's reason for calling and known information, answers questions that ask it
-to confirm with a yes, repeats what it knows otherwise, and stops after ``patience``
-replies.
+scenario's reason for calling and known information, answers requests to confirm with
+a yes and other questions with what it knows, ends the conversation when the agent
+makes a statement (no question), and in any case stops after ``patience`` replies.
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ class ScriptedSession(UserSession):
             return f"Thank you, that is all. {STOP}"
         if _CONFIRM.search(agent_message or ""):
             return "Yes, please go ahead."
-        return self._known
+        if "?" in (agent_message or ""):
+            return self._known
+        return f"Thank you, that is all. {STOP}"
 
 
 class ScriptedUser(UserSimulator):

@@ -120,3 +120,19 @@ def test_many_concurrent_episodes_do_not_share_state():
         assert color == ("blue" if i % 2 else "red")
         assert reward == (1.0 if i % 2 else 0.0)
     assert domain.db["boxes"]["b1"]["color"] == "green"
+
+
+def test_scripted_user_on_tau2_style_scenarios():
+    from ctu.domains.base import Task
+
+    task = Task(id="x", user_scenario={"instructions": {"reason_for_call": "You want to cancel order #1.",
+                                                        "known_info": "Your name is Ana."}})
+    session = ScriptedUser(patience=4).start(None, task)
+    assert run(session.reply("Hi! How can I help you today?")) == "My name is Ana. I want to cancel order #1."
+    assert run(session.reply("Shall I proceed with the cancellation?")) == "Yes, please go ahead."
+    assert run(session.reply("What is your zip code?")) == "My name is Ana."
+    assert run(session.reply("Your order is cancelled.")).endswith("###STOP###")
+    patient = ScriptedUser(patience=2).start(None, task)
+    run(patient.reply("hi"))
+    run(patient.reply("Which order?"))
+    assert run(patient.reply("And your email?")).endswith("###STOP###")
