@@ -1,0 +1,166 @@
+"""In-process transformers engine: batched, KV-cached sampling from token-id prompts.
+
+Prompts are left-padded into batches (prompt x n rows), decoded step by step with the
+model's KV cache, and sampled with temperature and top-p from a seeded generator. The
+logprob of each sampled token is taken from ``log_softmax(logits / temperature)`` (plain
+``log_softmax`` when greedy) before top-p truncation — the same quantity the trainer
+computes with the same temperature, so sampler and trainer logprobs are comparable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from ctu.engines.base import Completion, Engine, SamplingParams
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None):
+    """(token ids [B], their logprobs [B]) from last-position logits [B, V]."""
+    logits = logits.float()
+    if params.temperature == 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        tokens = logp.argmax(dim=-1)
+        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    logp = torch.log_softmax(logits / params.temperature, dim=-1)
+    probs = logp.exp()
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        cumulative = sorted_probs.cumsum(dim=-1)
+        drop = cumulative - sorted_probs > params.top_p  # keep the smallest prefix reaching top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class HFEngine(Engine):
+    """Generation with a Hugging Face causal LM in this process (CPU or CUDA)."""
+
+    def __init__(self, model_or_name, tokenizer=None, device: str | None = None, dtype=None, max_batch_size: int = 64):
+        if isinstance(model_or_name, str):
+            from ctu.models import load_model, load_tokenizer
+
+            self.model = load_model(model_or_name, dtype=dtype, device=device)
+            tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_or_name)
+        else:
+            self.model = model_or_name
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.eos_ids = _eos_ids(self.model, tokenizer)
+        pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        self.pad_id = int(pad if pad is not None else next(iter(self.eos_ids), 0))
+        self._lock = threading.Lock()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        if not prompts:
+            return []
+        return await asyncio.to_thread(self.generate_sync, prompts, params)
+
+    def generate_sync(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        rows = [(i, list(p)) for i, p in enumerate(prompts) for _ in range(params.n)]
+        for i, p in rows:
+            if not p:
+                raise ValueError(f"prompt {i} is empty: generation needs at least one token")
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        results: list[list[Completion]] = [[] for _ in prompts]
+        with self._lock:
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                for start in range(0, len(rows), self.max_batch_size):
+                    chunk = rows[start:start + self.max_batch_size]
+                    for (i, _), completion in zip(chunk, self._generate_batch([p for _, p in chunk], params, generator),
+                                                  strict=True):
+                        results[i].append(completion)
+            finally:
+                self.model.train(was_training)
+        return results
+
+    @torch.inference_mode()
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, generator) -> list[Completion]:
+        device = self.device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=device)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+        for row, p in enumerate(prompts):
+            input_ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
+            mask[row, width - len(p):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        stop_ids = set(params.stop_token_ids) | self.eos_ids
+        out_ids: list[list[int]] = [[] for _ in prompts]
+        out_lp: list[list[float]] = [[] for _ in prompts]
+        reason: list[str | None] = [None] * len(prompts)
+        outputs = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        past = outputs.past_key_values
+        logits = outputs.logits[:, -1, :]
+        for _ in range(params.max_tokens):
+            tokens, logprobs = sample_next(logits, params, generator)
+            for row, (tok, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
+                if reason[row] is not None:
+                    continue
+                out_ids[row].append(tok)
+                out_lp[row].append(lp)
+                if tok in stop_ids:
+                    reason[row] = "stop"
+                elif params.stop and self._cut_at_stop_string(out_ids[row], out_lp[row], params.stop):
+                    reason[row] = "stop"
+            if all(r is not None for r in reason):
+                break
+            mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype, device=device)], dim=-1)
+            positions = positions[:, -1:] + 1
+            outputs = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
+                                 past_key_values=past, use_cache=True)
+            past = outputs.past_key_values
+            logits = outputs.logits[:, -1, :]
+        return [Completion(tuple(ids), tuple(lps), r or "length") for ids, lps, r in zip(out_ids, out_lp, reason, strict=True)]
+
+    def _cut_at_stop_string(self, ids: list[int], lps: list[float], stops: Sequence[str]) -> bool:
+        """If the decoded text now contains a stop string, keep tokens through the one completing it."""
+        if self.tokenizer is None:
+            return False
+        text = self.tokenizer.decode(ids[-32:], skip_special_tokens=False)
+        if not any(s in text for s in stops):
+            return False
+        for keep in range(1, len(ids) + 1):
+            if any(s in self.tokenizer.decode(ids[:keep], skip_special_tokens=False) for s in stops):
+                del ids[keep:], lps[keep:]
+                return True
+        return True
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:
+        """Copy HF-named tensors into the model; unknown (e.g. PEFT) names are refused, listed."""
+        params = dict(self.model.named_parameters())
+        buffers = dict(self.model.named_buffers())
+        incoming = list(named_tensors)
+        unknown = [name for name, _ in incoming if name not in params and name not in buffers]
+        if unknown:
+            shown = ", ".join(unknown[:5]) + (f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else "")
+            raise ValueError(f"update_weights got {len(unknown)} name(s) the model does not have: {shown}; "
+                             "send merged Hugging Face names (no base_model.model. / lora_A / base_layer)")
+        with self._lock, torch.no_grad():
+            for name, tensor in incoming:
+                target = params.get(name, buffers.get(name))
+                target.copy_(torch.as_tensor(tensor).to(device=target.device, dtype=target.dtype))

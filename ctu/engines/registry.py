@@ -1,0 +1,23 @@
+"""Make an engine by kind: ``hf`` (in-process transformers), ``remote`` (OpenAI-compatible), ``vllm``."""
+
+from __future__ import annotations
+
+from ctu.engines.base import Engine
+
+KINDS = ("hf", "remote", "vllm")
+
+
+def make_engine(kind: str, **kwargs) -> Engine:
+    if kind == "hf":
+        from ctu.engines.hf import HFEngine
+
+        return HFEngine(**kwargs)
+    if kind == "remote":
+        from ctu.engines.remote import RemoteEngine
+
+        return RemoteEngine(**kwargs)
+    if kind == "vllm":
+        from ctu.engines.vllm import VLLMEngine
+
+        return VLLMEngine(**kwargs)
+    raise ValueError(f"unknown engine kind '{kind}' (known: {', '.join(KINDS)})")

@@ -1,0 +1,87 @@
+import asyncio
+
+import pytest
+import torch
+
+from ctu.engines.base import SamplingParams
+from ctu.engines.hf import HFEngine
+from ctu.models import load_model, load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def engine():
+    torch.manual_seed(0)
+    return HFEngine(load_model("tiny-random"), load_tokenizer("tiny-random"), max_batch_size=4)
+
+
+PROMPTS = [[1, 520, 33, 88, 2, 198, 1, 520], [1, 77, 4000], [1, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
+
+
+def gen(engine, prompts, **kw):
+    return asyncio.run(engine.generate(prompts, SamplingParams(**kw)))
+
+
+def test_shapes_n_and_empty(engine):
+    out = gen(engine, PROMPTS, temperature=1.0, max_tokens=5, n=3, seed=1)
+    assert len(out) == 3 and all(len(c) == 3 for c in out)
+    for completions in out:
+        for c in completions:
+            assert len(c.token_ids) == len(c.logprobs) <= 5 and c.finish_reason in ("stop", "length")
+            assert all(lp <= 0 for lp in c.logprobs)
+    assert gen(engine, [], max_tokens=3) == []
+    with pytest.raises(ValueError, match="empty"):
+        gen(engine, [[]], max_tokens=3)
+
+
+def test_greedy_matches_transformers_generate_despite_left_padding(engine):
+    out = gen(engine, PROMPTS, temperature=0.0, max_tokens=8)
+    for prompt, (c,) in zip(PROMPTS, out, strict=True):
+        ref = engine.model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                                    eos_token_id=sorted(engine.eos_ids), pad_token_id=engine.pad_id)
+        expected = ref[0, len(prompt):].tolist()
+        assert list(c.token_ids) == expected[: len(c.token_ids)]
+        assert len(c.token_ids) == len(expected)
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    a = gen(engine, PROMPTS, temperature=1.0, top_p=0.9, max_tokens=6, seed=7)
+    b = gen(engine, PROMPTS, temperature=1.0, top_p=0.9, max_tokens=6, seed=7)
+    c = gen(engine, PROMPTS, temperature=1.0, top_p=0.9, max_tokens=6, seed=8)
+    assert a == b and a != c
+
+
+def test_logprobs_equal_a_teacher_forced_forward_pass(engine):
+    for temperature in (0.0, 0.7):
+        out = gen(engine, PROMPTS, temperature=temperature, max_tokens=6, seed=3)
+        for prompt, (c,) in zip(PROMPTS, out, strict=True):
+            ids = torch.tensor([prompt + list(c.token_ids)])
+            with torch.no_grad():
+                logits = engine.model(ids).logits[0, len(prompt) - 1:-1].float()
+            scaled = logits / temperature if temperature > 0 else logits
+            ref = torch.log_softmax(scaled, -1).gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
+            assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
+
+
+def test_stop_tokens_are_included_and_max_tokens_gives_length(engine):
+    (first,) = gen(engine, [PROMPTS[0]], temperature=0.0, max_tokens=4)[0]
+    stop_at = first.token_ids[1]
+    (c,) = gen(engine, [PROMPTS[0]], temperature=0.0, max_tokens=4, stop_token_ids=(stop_at,))[0]
+    cut = first.token_ids.index(stop_at) + 1
+    assert c.token_ids == first.token_ids[:cut] and c.finish_reason == "stop"
+    (d,) = gen(engine, [PROMPTS[0]], temperature=0.0, max_tokens=1)[0]
+    assert len(d.token_ids) == 1 and d.finish_reason in ("length", "stop")
+
+
+def test_update_weights_changes_outputs_and_refuses_peft_names(engine):
+    before = gen(engine, PROMPTS, temperature=0.0, max_tokens=5)
+    name, param = next((n, p) for n, p in engine.model.named_parameters() if "embed_tokens" in n)
+    saved = param.detach().clone()
+    try:
+        engine.update_weights([(name, torch.randn_like(param) * 0.5)])
+        assert gen(engine, PROMPTS, temperature=0.0, max_tokens=5) != before
+        with pytest.raises(ValueError, match="base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"):
+            engine.update_weights([("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight",
+                                    torch.zeros(1))])
+    finally:
+        engine.update_weights([(name, saved)])
+    assert gen(engine, PROMPTS, temperature=0.0, max_tokens=5) == before
