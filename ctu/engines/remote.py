@@ -1,0 +1,124 @@
+"""Remote engine: any OpenAI-compatible server (vLLM, SGLang) through ``POST /v1/completions``.
+
+Prompts are sent as token ids; completions come back as token ids with per-token logprobs
+(vLLM's ``return_tokens_as_token_ids`` gives tokens as ``"token_id:123"``). Retries with
+exponential backoff on 429/5xx/timeouts/connection errors, honouring ``Retry-After``; the
+error after the last attempt names the URL, status and attempts, never the API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+import httpx
+
+from ctu.engines.base import Completion, Engine, SamplingParams
+
+
+class RemoteEngineError(RuntimeError):
+    """The server could not produce a completion (after retries)."""
+
+
+def _token_id(token: Any) -> int:
+    if isinstance(token, int):
+        return token
+    if isinstance(token, str) and token.startswith("token_id:"):
+        return int(token.split(":", 1)[1])
+    raise RemoteEngineError(f"server returned token {token!r}, not a token id: start vLLM with "
+                            "return_tokens_as_token_ids support (ctu sends it per request)")
+
+
+def parse_choice(choice: dict[str, Any]) -> Completion:
+    """One ``choices[i]`` of a completions response -> Completion."""
+    logprobs = choice.get("logprobs") or {}
+    tokens = logprobs.get("tokens") or []
+    values = logprobs.get("token_logprobs") or []
+    ids = tuple(_token_id(t) for t in tokens)
+    lps = tuple(float(v) if v is not None else 0.0 for v in values[: len(ids)])
+    if len(lps) != len(ids):
+        raise RemoteEngineError(f"server returned {len(ids)} tokens but {len(lps)} logprobs")
+    reason = choice.get("finish_reason")
+    return Completion(ids, lps, "length" if reason == "length" else "stop")
+
+
+class RemoteEngine(Engine):
+    """Generation on an OpenAI-compatible completions server."""
+
+    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", max_retries: int = 4,
+                 timeout: float = 300.0, concurrency: int = 64, backoff_initial: float = 0.5, backoff_max: float = 8.0,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep, transport: httpx.AsyncBaseTransport | None = None):
+        self.url = base_url.rstrip("/") + "/completions"
+        self.model = model
+        self.max_retries = max_retries
+        self.backoff = (backoff_initial, backoff_max)
+        self._sleep = sleep
+        self._gate = asyncio.Semaphore(concurrency)
+        key = os.environ.get(api_key_env) or "EMPTY"
+        self._headers = {"Authorization": f"Bearer {key}"}
+        self._timeout = timeout
+        self._transport = transport
+        self._rng = random.Random(0)
+
+    def __repr__(self) -> str:
+        return f"RemoteEngine(url={self.url!r}, model={self.model!r})"
+
+    def request_body(self, prompt: Sequence[int], params: SamplingParams) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": list(prompt), "max_tokens": params.max_tokens,
+            "temperature": params.temperature, "top_p": params.top_p, "n": params.n, "logprobs": 1,
+            "return_tokens_as_token_ids": True, "skip_special_tokens": False, "include_stop_str_in_output": True,
+        }
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if params.stop_token_ids:
+            body["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None:
+            body["seed"] = params.seed
+        return body
+
+    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+        attempts = self.max_retries + 1
+        last = "no attempt"
+        for attempt in range(1, attempts + 1):
+            delay = None
+            try:
+                response = await client.post(self.url, json=body, headers=self._headers)
+                if response.status_code == 200:
+                    return response.json()
+                if response.status_code != 429 and response.status_code < 500:
+                    raise RemoteEngineError(f"{self.url} refused the request: HTTP {response.status_code}: "
+                                            f"{response.text[:200]}")
+                last = f"HTTP {response.status_code}"
+                retry_after = response.headers.get("retry-after")
+                delay = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None
+            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                last = type(exc).__name__
+            if attempt < attempts:
+                backoff = min(self.backoff[1], self.backoff[0] * 2 ** (attempt - 1)) * (0.5 + self._rng.random() / 2)
+                await self._sleep(min(self.backoff[1], delay) if delay is not None else backoff)
+        raise RemoteEngineError(f"{self.url} failed after {attempts} attempts (last error: {last})")
+
+    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        if not prompts:
+            return []
+        async with httpx.AsyncClient(timeout=self._timeout, transport=self._transport) as client:
+
+            async def one(prompt: Sequence[int]) -> list[Completion]:
+                async with self._gate:
+                    data = await self._post(client, self.request_body(prompt, params))
+                choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
+                completions = [parse_choice(c) for c in choices]
+                while len(completions) < params.n:  # a server that returned fewer choices: empty, not a crash
+                    completions.append(Completion((), (), "stop"))
+                return completions[: params.n]
+
+            return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:
+        raise NotImplementedError(
+            "a remote server cannot take tensors from this process: save a checkpoint and restart or reload the "
+            "server on it (vLLM: serve the exported merged model directory)")
