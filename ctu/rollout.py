@@ -197,7 +197,11 @@ async def run_episode(
         result = await episode.step(turn)
         if episode.done:
             break
-        seq.add_observation(chat.observation_ids(result.observations))
+        observation = chat.observation_ids(result.observations)
+        if seq.total_length() + len(observation) >= limits.max_context_tokens:
+            stop_reason = "context"  # the next observation would not fit: the sequence stays within budget
+            break
+        seq.add_observation(observation)
     if episode.termination == "user_error":
         stop_reason = "error"
     elif episode.termination == "max_turns":
