@@ -73,7 +73,7 @@ def test_a_good_episode_is_token_exact_and_rescores_the_same(chat):
         assert all(t.loss_mask[i] == 1 for i in range(start, end))
     assert sum(t.loss_mask) == sum(e - s for s, e in t.assistant_spans)
     # every prompt the model saw is the previous sequence extended, never re-tokenized
-    for earlier, later in zip(engine.seen_prompts, engine.seen_prompts[1:]):
+    for earlier, later in zip(engine.seen_prompts, engine.seen_prompts[1:], strict=False):
         assert later[: len(earlier)] == earlier
     assert (t.prompt_ids + t.response_ids)[: len(engine.seen_prompts[-1])] == engine.seen_prompts[-1]
     text = json.dumps(t.messages)
