@@ -1,0 +1,73 @@
+"""`ctu eval` and `ctu play` end to end on CPU with tiny-random; written trajectories re-score identically."""
+
+import asyncio
+import json
+
+import httpx
+import respx
+
+from ctu.cli import main
+from ctu.engines.base import SamplingParams
+from ctu.evaluate import write_report
+from ctu.rollout import EpisodeSpec, RolloutLimits, rollout
+from ctu.users.scripted import ScriptedUser
+from tests.unit.test_rollout import GOLD_TURNS, MINI, TASK, ScriptedModel
+
+FAST = ["model.path=tiny-random", "sampling.max_tokens=12", "env.max_turns=2", "eval.max_tasks=3"]
+
+
+def test_eval_on_mini_writes_every_file(tmp_path, capsys):
+    run_dir = tmp_path / "eval"
+    assert main(["eval", *FAST, f"run.dir={run_dir}", "eval.samples_per_task=2", "eval.save_tokens=true"]) == 0
+    for name in ("report.json", "report.md", "trajectories.jsonl", "pass_k.png", "config.yaml"):
+        assert (run_dir / name).is_file(), name
+    report = json.loads((run_dir / "report.json").read_text())
+    assert set(report) == {"mini", "overall"} and report["overall"]["episodes"] == 6
+    assert set(report["overall"]["pass^k"]) == {"1", "2"} and "stop_reasons" in report["overall"]
+    rows = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and {"domain", "task_id", "messages", "reward", "components", "stop_reason"} <= set(rows[0])
+    assert {"prompt_ids", "response_ids", "loss_mask"} <= set(rows[0])
+    assert "| overall |" in (run_dir / "report.md").read_text()
+    assert "overall: success" in capsys.readouterr().out
+
+
+def test_written_trajectories_rescore_to_the_same_reward(tmp_path, capsys, chat_format):
+    specs = [EpisodeSpec(MINI, TASK, 0), EpisodeSpec(MINI, TASK, 1)]
+    engine = ScriptedModel(chat_format, GOLD_TURNS[:1] + ["Sorry, no."] * 3)
+    trajectories = asyncio.run(rollout(specs, chat_format, engine, ScriptedUser(), SamplingParams(), RolloutLimits()))
+    good = asyncio.run(rollout([EpisodeSpec(MINI, TASK, 2)], chat_format, ScriptedModel(chat_format, GOLD_TURNS),
+                               ScriptedUser(), SamplingParams(), RolloutLimits()))
+    write_report(tmp_path, trajectories + good)
+    main(["score", str(tmp_path / "trajectories.jsonl"), "--json"])
+    rescored = [json.loads(line)["reward"] for line in capsys.readouterr().out.splitlines()]
+    assert rescored == [t.reward for t in trajectories + good] and 1.0 in rescored
+
+
+@respx.mock
+def test_eval_on_retail_with_a_mocked_llm_user(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIM_KEY", "k")
+    respx.post("http://sim.test/v1/chat/completions").mock(return_value=httpx.Response(200, json={
+        "id": "x", "object": "chat.completion", "created": 0, "model": "u", "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Thanks ###STOP###"}}]}))
+    run_dir = tmp_path / "retail"
+    assert main(["eval", *FAST, "env.domains=[retail]", "user.kind=llm", "user.base_url=http://sim.test/v1",
+                 "user.api_key_env=SIM_KEY", f"run.dir={run_dir}", "env.max_context_tokens=8192"]) == 0
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["retail"]["episodes"] == 3 and report["retail"]["errored"] == 0
+
+
+def test_play_as_a_human(monkeypatch, capsys):
+    oid = TASK.actions[0].arguments["order_id"]
+    lines = iter([f'{{"name": "get_order", "arguments": {{"order_id": "{oid}"}}}}',
+                  f'<tool_call>{{"name": "cancel_order", "arguments": {{"order_id": "{oid}"}}}}</tool_call>',
+                  "Your order is cancelled."])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    assert main(["play", "--domain", "mini", "--task", TASK.id, "--human"]) == 0
+    out = capsys.readouterr().out
+    assert "tool get_order ->" in out and "episode ended: user_stop; reward 1.0" in out
+
+
+def test_play_with_a_model(capsys):
+    assert main(["play", "--domain", "mini", "--task", TASK.id, "--model", "tiny-random", "sampling.max_tokens=8",
+                 "env.max_turns=2"]) == 0
+    assert "episode ended:" in capsys.readouterr().out
