@@ -170,6 +170,26 @@ def cmd_play(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    """GRPO/LoRA training; see configs/ for presets."""
+    from ctu.train.trainer import Trainer
+
+    config = _load(args)
+    summary = Trainer(config).run()
+    print(f"done: run directory {config.run.dir} (metrics.jsonl, checkpoints/, export/, curves.png)")
+    return 0 if summary else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ctu.report import draw_curves
+
+    try:
+        print(f"wrote {draw_curves(args.run_dir)}")
+    except FileNotFoundError as exc:
+        raise SystemExit(f"ctu: {exc}") from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctu", description="Train and evaluate tool-using agents with RL.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -210,6 +230,17 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--config", default=None, help="YAML config")
     play.add_argument("overrides", nargs="*", help="dotted overrides")
     play.set_defaults(func=cmd_play)
+
+    train = sub.add_parser("train", help="train with GRPO (LoRA or full fine-tuning)",
+                           description="Train a policy with GRPO on the configured domains; writes metrics, "
+                                       "checkpoints, evaluations, an export and curves to run.dir.")
+    train.add_argument("config", nargs="?", default=None, help="YAML config, e.g. configs/quickstart.yaml")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.max_steps=3 model.path=tiny-random")
+    train.set_defaults(func=cmd_train)
+
+    report = sub.add_parser("report", help="draw training curves", description="Draw RUN_DIR/metrics.jsonl to curves.png.")
+    report.add_argument("run_dir")
+    report.set_defaults(func=cmd_report)
     return parser
 
 

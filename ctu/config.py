@@ -99,6 +99,72 @@ class RunConfig:
 
 
 @dataclass
+class LoraConfig:
+    enabled: bool = True
+    rank: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                "gate_proj", "up_proj", "down_proj"])
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 20
+    resume: str | None = None  # "latest" or a checkpoint directory
+    tasks_per_step: int = 8
+    samples_per_task: int = 4  # GRPO group size n
+    lr: float = 1e-5
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine"] = "constant"
+    weight_decay: float = 0.05
+    grad_clip: float = 0.5
+    mini_batches: int = 1  # optimizer updates per rollout batch (per epoch)
+    ppo_epochs: int = 1
+    micro_batch_tokens: int = 4096  # token budget of one forward/backward pass
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    kl_coef: float = 0.0
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_in_reward: bool = False
+    tis_cap: float | None = None  # truncated importance weights for sampler/trainer mismatch
+    dynamic_sampling: bool = False
+    entropy_coef: float = 0.0
+    gradient_checkpointing: bool = False
+    sft_steps: int = 0  # supervised warm start on gold demonstrations (train split) before RL
+    sft_lr: float = 1e-4
+    ckpt_interval: int = 5
+    keep_checkpoints: int = 2
+    eval_interval: int = 0  # 0: only before (if eval_before_train) and after training
+    eval_before_train: bool = True
+    eval_max_tasks: int | None = 20
+    examples_interval: int = 5
+    examples_count: int = 3
+    export: bool = True
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False
+    project: str = "ctu"
+    mode: Literal["offline", "online", "disabled"] = "offline"
+
+
+@dataclass
+class ShapingConfig:
+    """Judge shaping ("taxonomy feedback"): a bounded bonus/penalty from an LLM judge, in training only."""
+
+    enabled: bool = False
+    model: str = "gpt-4.1-mini"
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    max_bonus: float = 0.2
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -109,6 +175,10 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    shaping: ShapingConfig = field(default_factory=ShapingConfig)
 
     def problems(self) -> list[str]:
         config = self
@@ -136,6 +206,27 @@ class Config:
             problems.append("sampling.temperature / eval.temperature: must be >= 0")
         if config.engine.kind == "remote" and not config.engine.base_url:
             problems.append("engine.base_url: required when engine.kind is 'remote'")
+        t = config.trainer
+        train_positive = {"trainer.max_steps": t.max_steps, "trainer.tasks_per_step": t.tasks_per_step,
+                          "trainer.samples_per_task": t.samples_per_task, "trainer.mini_batches": t.mini_batches,
+                          "trainer.ppo_epochs": t.ppo_epochs, "trainer.micro_batch_tokens": t.micro_batch_tokens,
+                          "trainer.ckpt_interval": t.ckpt_interval, "trainer.keep_checkpoints": t.keep_checkpoints}
+        problems += [f"{k}: must be >= 1, got {v}" for k, v in train_positive.items() if v < 1]
+        episodes = t.tasks_per_step * t.samples_per_task
+        if t.mini_batches >= 1 and episodes % t.mini_batches:
+            problems.append(f"trainer.mini_batches: {t.mini_batches} does not divide the rollout batch of "
+                            f"{episodes} episodes (trainer.tasks_per_step x trainer.samples_per_task)")
+        if t.advantage != "rloo" and t.samples_per_task < 2:
+            problems.append("trainer.samples_per_task: group advantages need at least 2 samples per task")
+        if t.lr <= 0:
+            problems.append(f"trainer.lr: must be > 0, got {t.lr}")
+        if t.micro_batch_tokens < config.env.max_context_tokens:
+            problems.append(f"trainer.micro_batch_tokens ({t.micro_batch_tokens}) must hold one full episode "
+                            f"(env.max_context_tokens = {config.env.max_context_tokens})")
+        if t.resume not in (None, "latest") and not Path(t.resume).is_dir():
+            problems.append(f"trainer.resume: '{t.resume}' is neither 'latest' nor a checkpoint directory")
+        if config.lora.rank < 1:
+            problems.append(f"lora.rank: must be >= 1, got {config.lora.rank}")
         return problems
 
 

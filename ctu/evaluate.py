@@ -34,7 +34,14 @@ def episode_specs(domains: Sequence[Domain], splits: Sequence[str], samples: int
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
-    """Metrics per domain and overall. Errored episodes are excluded from rewards but counted."""
+    """Metrics per domain and overall. Errored episodes are excluded from rewards but counted.
+
+    Only :class:`Trajectory` objects (environment rewards) are accepted: shaped training rewards
+    live in ``ctu.train.trainer.TrainingRewards`` and can never reach an evaluation report.
+    """
+    for t in trajectories:
+        if not isinstance(t, Trajectory):
+            raise TypeError(f"evaluation takes Trajectory objects, not {type(t).__name__}")
     by_domain: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
         by_domain[t.domain].append(t)

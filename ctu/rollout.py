@@ -238,8 +238,12 @@ async def rollout(
     max_batch_size: int = 64,
     seed: int = 0,
     on_done=None,
+    stats: dict | None = None,
 ) -> list[Trajectory]:
-    """Run many episodes with bounded concurrency; results in the order of ``specs``."""
+    """Run many episodes with bounded concurrency; results in the order of ``specs``.
+
+    ``stats``, if given, receives ``model_seconds`` (wall time inside engine calls) and ``engine_calls``.
+    """
     if not specs:
         return []
     batcher = GenerationBatcher(engine, max_batch_size, seed=params.seed)
@@ -256,3 +260,5 @@ async def rollout(
         return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(specs))))
     finally:
         batcher.close()
+        if stats is not None:
+            stats.update(model_seconds=batcher.model_seconds, engine_calls=batcher.calls)

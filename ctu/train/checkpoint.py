@@ -1,0 +1,102 @@
+"""Atomic checkpoints: written to a temporary directory, then renamed into place.
+
+A checkpoint holds the trainable weights (the LoRA adapter or the full model), the optimizer,
+the scheduler, every RNG state, the task sampler's cursor and the step. A run killed while
+writing leaves only a ``.tmp-`` directory, which is ignored: resuming takes the newest
+complete ``step_N`` directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+COMPLETE = "checkpoint.json"
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def save_checkpoint(root: str | Path, step: int, *, model, optimizer, scheduler, extra: dict[str, Any],
+                    keep: int = 2) -> Path:
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step}-", dir=root))
+    try:
+        torch.save(trainable_state(model), tmp / "trainable.pt")
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
+                    "extra": extra}, tmp / "state.pt")
+        (tmp / COMPLETE).write_text(json.dumps({"step": step}))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for old in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.glob("step_*"):
+        if (path / COMPLETE).is_file():
+            try:
+                found.append((int(path.name.split("_", 1)[1]), path))
+            except ValueError:
+                continue
+    return [p for _, p in sorted(found)]
+
+
+def resolve_resume(root: str | Path, resume: str | None) -> Path | None:
+    if resume is None:
+        return None
+    if resume == "latest":
+        checkpoints = list_checkpoints(root)
+        return checkpoints[-1] if checkpoints else None
+    path = Path(resume)
+    if not (path / COMPLETE).is_file():
+        raise FileNotFoundError(f"trainer.resume: {path} is not a complete checkpoint (no {COMPLETE})")
+    return path
+
+
+def load_checkpoint(path: str | Path, *, model, optimizer, scheduler) -> tuple[int, dict[str, Any]]:
+    path = Path(path)
+    weights = torch.load(path / "trainable.pt", map_location="cpu", weights_only=True)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    step = json.loads((path / COMPLETE).read_text())["step"]
+    return step, state["extra"]

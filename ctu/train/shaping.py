@@ -1,0 +1,48 @@
+"""Judge shaping ("taxonomy feedback"), training only: an LLM judge names a trajectory's failure
+modes and ctu adds a bounded bonus or penalty to the training reward.
+
+The bonus is ``max_bonus`` x (score in [-1, 1]) from the judge's verdict. It only ever reaches
+``TrainingRewards.shaped``; evaluation reports read ``Trajectory.reward`` (the environment's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+
+from ctu.config import ShapingConfig
+from ctu.judge import conversation_text
+from ctu.llm_api import ChatAPIConfig, ChatClient, LLMCallError
+from ctu.parsing import repair_json
+
+FAILURE_MODES = ("wrong_tool", "wrong_arguments", "policy_violation", "missing_confirmation",
+                 "hallucinated_information", "gave_up_early", "none")
+PROMPT = f"""You review a customer-service agent's conversation. Name its failure modes, from this list:
+{", ".join(FAILURE_MODES)}. Then score the agent's process from -1 (harmful) to 1 (exemplary).
+Answer with JSON only: {{"failure_modes": [...], "score": <number between -1 and 1>}}"""
+
+
+class JudgeShaper:
+    def __init__(self, config: ShapingConfig, sleep=None):
+        api = ChatAPIConfig(model=config.model, base_url=config.base_url, api_key_env=config.api_key_env)
+        self.client = ChatClient(api) if sleep is None else ChatClient(api, sleep=sleep)
+        self.max_bonus = config.max_bonus
+
+    async def bonus(self, messages) -> float:
+        try:
+            text = await self.client.complete([{"role": "system", "content": PROMPT},
+                                               {"role": "user", "content": conversation_text(messages)}])
+        except LLMCallError:
+            return 0.0  # no verdict, no shaping: the env reward stands alone
+        match = re.search(r"\{.*\}", text, re.S)
+        parsed = repair_json(match.group(0)) if match else None
+        score = parsed[0].get("score") if parsed and isinstance(parsed[0], dict) else None
+        if not isinstance(score, (int, float)) or isinstance(score, bool):
+            return 0.0
+        return self.max_bonus * max(-1.0, min(1.0, float(score)))
+
+    async def bonuses(self, trajectories: Sequence) -> list[float]:
+        return list(await asyncio.gather(*(self.bonus(t.messages) for t in trajectories)))
+
+
