@@ -274,6 +274,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return _build(tp, value, key)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-5 as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if tp is Any or (isinstance(tp, type) and isinstance(value, tp) and not (tp is int and isinstance(value, bool))):
         return value
     raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")

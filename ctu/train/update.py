@@ -105,15 +105,15 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
                 if ref is not None and not cfg.kl_in_reward:
                     kl = aggregate(kl_penalty(logp, ref[j], cfg.kl_estimator), b["mask"], cfg.loss_aggregation)
                     loss = loss + cfg.kl_coef * kl
-                    stats["kl"] += float(kl) * weight / len(groups) / cfg.ppo_epochs
+                    stats["kl"] += float(kl.detach()) * weight / len(groups) / cfg.ppo_epochs
                 ent = aggregate(entropy, b["mask"], "token_mean")
                 if cfg.entropy_coef:
                     loss = loss - cfg.entropy_coef * ent
                 (loss * weight).backward()
                 scale = weight / len(groups) / cfg.ppo_epochs
-                stats["loss"] += float(loss) * scale
-                stats["pg_loss"] += float(pg) * scale
-                stats["entropy"] += float(ent) * scale
+                stats["loss"] += float(loss.detach()) * scale
+                stats["pg_loss"] += float(pg.detach()) * scale
+                stats["entropy"] += float(ent.detach()) * scale
                 stats["clip_fraction"] += info["clip_fraction"] * scale
             norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip)
             stats["grad_norm"] += float(norm) / len(groups) / cfg.ppo_epochs

@@ -71,3 +71,4 @@ def test_override_values_are_yaml():
     assert parse_override("a.b=[1, 2]") == ("a.b", [1, 2])
     assert parse_override("a.b=") == ("a.b", "")
     assert parse_override("a.b=x=y") == ("a.b", "x=y")
+    assert load_config(None, ["sampling.temperature=1e-1"]).sampling.temperature == 0.1  # YAML 1.1 reads a string
