@@ -3,11 +3,18 @@
 An episode's token sequence is only ever appended to: the prompt's ids, then each
 assistant turn's sampled ids verbatim (loss mask 1, the end-of-turn token included),
 then the ids of the messages that follow it (tool results, user replies; mask 0). Those
-observation ids come from rendering a fixed base conversation plus the new messages and
-slicing off everything up to the base assistant turn's end-of-turn token, so the ids
-are exactly what the template puts between two assistant turns — never a re-tokenized
-history. Every render goes through :meth:`ChatFormat.render`, which passes
+observation ids come from rendering a fixed base conversation (system, user, assistant)
+plus the new messages and keeping what follows the base assistant turn's end-of-turn
+token: exactly the text the template puts between two assistant turns, starting with
+the newline after ``<|im_end|>`` and ending with the next generation prompt. The history
+is never re-tokenized. Every render goes through :meth:`ChatFormat.render`, which passes
 ``enable_thinking`` (Qwen3) every time.
+
+Templates: a ``.jinja`` file given by path; else the tokenizer's own if it knows tools;
+else ctu's hermes template (``ctu/templates/hermes.jinja``: ChatML with Qwen2.5's tool
+format, prefix-preserving). Qwen3-style templates re-render earlier assistant turns
+(dropping ``<think>`` blocks before the last user query, and empty ones everywhere but
+the final turn); the appended sequence keeps what the model actually saw and sampled.
 """
 
 from __future__ import annotations
@@ -22,15 +29,35 @@ HERMES_TEMPLATE = Path(__file__).parent / "templates" / "hermes.jinja"
 _BASE_MARKER = "ctu-base-assistant-turn"
 _BASE = ({"role": "system", "content": "ctu"}, {"role": "user", "content": "ctu"},
          {"role": "assistant", "content": _BASE_MARKER})
+# a longer history, to check that observations render the same whatever precedes them
+_LONG_BASE = (*_BASE[:2],
+              {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                                                                     "function": {"name": "f", "arguments": {}}}]},
+              {"role": "tool", "content": "ctu"}, {"role": "user", "content": "ctu"}, _BASE[2])
+_PROBES = ([{"role": "tool", "content": "x"}], [{"role": "user", "content": "x"}],
+           [{"role": "tool", "content": "x"}, {"role": "tool", "content": "y"}, {"role": "user", "content": "z"}])
 
 
 class TemplateError(ValueError):
     """A chat template that cannot be used token-in-token-out; the message names the template."""
 
 
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):  # OpenAI content parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    return str(content)
+
+
 def normalize_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    """A message as chat templates expect it: string content, tool-call arguments as objects."""
-    out = {"role": message["role"], "content": message.get("content") or ""}
+    """A message as chat templates expect it: string content, tool-call arguments as objects.
+
+    Arguments that are not valid JSON stay the string the model wrote.
+    """
+    out = {"role": message["role"], "content": _text(message.get("content"))}
     if message.get("tool_calls"):
         calls = []
         for call in message["tool_calls"]:
@@ -40,13 +67,22 @@ def normalize_message(message: Mapping[str, Any]) -> dict[str, Any]:
                 try:
                     args = json.loads(args) if args.strip() else {}
                 except json.JSONDecodeError:
-                    pass  # rendered as the string the model wrote
+                    pass
             calls.append({"type": "function", "function": {"name": fn.get("name", ""), "arguments": args}})
         out["tool_calls"] = calls
     for key in ("name", "tool_call_id", "reasoning_content"):
-        if key in message:
+        if message.get(key) is not None:
             out[key] = message[key]
     return out
+
+
+def _tool_aware(template: Any) -> str | None:
+    """The tokenizer's own template if it renders tools (a string, or the 'tool_use' entry of several)."""
+    if isinstance(template, Mapping):
+        template = template.get("tool_use") or template.get("default")
+    if isinstance(template, str) and "tools" in template and "tool_call" in template:
+        return template
+    return None
 
 
 class ChatFormat:
@@ -54,15 +90,22 @@ class ChatFormat:
 
     def __init__(self, tokenizer, template: str | None = None, enable_thinking: bool = False):
         self.tokenizer = tokenizer
-        self.enable_thinking = enable_thinking
+        self.enable_thinking = bool(enable_thinking)
         self.template, self.template_name = self._choose_template(tokenizer, template)
-        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-        self.stop_token_ids: tuple[int, ...] = tuple(dict.fromkeys([*([im_end] if im_end is not None else []), *eos]))
+        vocab = tokenizer.get_vocab()
+        stops = [vocab["<|im_end|>"]] if "<|im_end|>" in vocab else []
+        if tokenizer.eos_token_id is not None:
+            stops.append(tokenizer.eos_token_id)
+        self.stop_token_ids: tuple[int, ...] = tuple(dict.fromkeys(stops))
         if not self.stop_token_ids:
-            raise TemplateError(f"tokenizer has neither an EOS token nor <|im_end|>: cannot end turns ({self.template_name})")
+            raise TemplateError(f"{self.template_name}: the tokenizer has neither <|im_end|> nor an EOS token, "
+                                "so turns cannot end")
         self.end_of_turn = tokenizer.decode([self.stop_token_ids[0]])
         self._observation_cache: dict[str, list[int]] = {}
+        self._context = self.render(_BASE[:2])  # system + user: must open every base render
+        self._generation_prompt = self.render(_BASE[:2], add_generation_prompt=True)
+        self._base_head = self._after(self.render(_BASE), _BASE_MARKER, keep_head=True)
+        self._check_observations()
 
     @staticmethod
     def _choose_template(tokenizer, template: str | None) -> tuple[str, str]:
@@ -71,42 +114,66 @@ class ChatFormat:
             if not path.is_file():
                 raise TemplateError(f"chat template file {template} does not exist")
             return path.read_text(), str(path)
-        own = getattr(tokenizer, "chat_template", None)
-        if isinstance(own, str) and "tools" in own and "tool_call" in own:
+        own = _tool_aware(getattr(tokenizer, "chat_template", None))
+        if own is not None:
             return own, "the tokenizer's own template"
         return HERMES_TEMPLATE.read_text(), "ctu hermes template"
 
     # -- rendering -------------------------------------------------------------------------
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
                add_generation_prompt: bool = False) -> str:
+        """The template's text for ``messages`` (thinking flag always passed)."""
+        if not messages:
+            raise ValueError(f"{self.template_name}: cannot render an empty conversation (no messages yet; "
+                             "was the episode reset?)")
         try:
             return self.tokenizer.apply_chat_template(
                 [normalize_message(m) for m in messages], tools=list(tools) if tools else None, tokenize=False,
                 add_generation_prompt=add_generation_prompt, chat_template=self.template,
                 enable_thinking=self.enable_thinking)
         except Exception as exc:  # jinja errors: say which template and what was rendered
-            raise TemplateError(f"{self.template_name} failed to render {len(messages)} message(s): {exc}") from exc
+            raise TemplateError(f"{self.template_name} failed to render {len(messages)} message(s): "
+                                f"{type(exc).__name__}: {exc}") from exc
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> list[int]:
         """The first prompt: the conversation so far and the generation prompt."""
-        if not messages:
-            raise ValueError("a prompt needs at least one message (the episode has not been reset?)")
         return self.encode(self.render(messages, tools, add_generation_prompt=True))
 
-    def _after_base_turn(self, text: str) -> str:
-        marker = text.find(_BASE_MARKER)
-        end = text.find(self.end_of_turn, marker) if marker >= 0 else -1
+    # -- observations ----------------------------------------------------------------------
+    def _after(self, text: str, marker: str, keep_head: bool = False) -> str:
+        """The text after the end-of-turn token that closes the assistant turn holding ``marker``."""
+        at = text.find(marker)
+        end = text.find(self.end_of_turn, at) if at >= 0 else -1
         if end < 0:
-            raise TemplateError(f"{self.template_name}: cannot find the end of the assistant turn "
-                                f"({self.end_of_turn!r}) after its content")
-        return text[end + len(self.end_of_turn):]
+            raise TemplateError(f"{self.template_name}: no end-of-turn token ({self.end_of_turn!r}) after an "
+                                "assistant turn's content")
+        end += len(self.end_of_turn)
+        return text[:end] if keep_head else text[end:]
+
+    def _observation_text(self, base: Sequence[Mapping[str, Any]], messages: Sequence[Mapping[str, Any]]) -> str:
+        full = self.render([*base, *messages], add_generation_prompt=True)
+        if base is _BASE and full.startswith(self._base_head):
+            return full[len(self._base_head):]
+        # Qwen3-style templates render an assistant turn differently once messages follow it
+        # (its <think> block goes); the base turn itself is thrown away, so only what precedes
+        # it must be unchanged.
+        if not full.startswith(self._context):
+            raise TemplateError(f"{self.template_name}: appending messages changes how the earlier conversation "
+                                "renders, so it cannot be used token-in-token-out")
+        return self._after(full, _BASE_MARKER)
 
     def observation_text(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        full = self.render([*_BASE, *messages], add_generation_prompt=True)
-        return self._after_base_turn(full)
+        """What the template puts after an assistant turn's end-of-turn token for ``messages``."""
+        return self._observation_text(_BASE, messages)
+
+    def _check_observations(self) -> None:
+        for probe in _PROBES:
+            if self._observation_text(_BASE, probe) != self._observation_text(_LONG_BASE, probe):
+                raise TemplateError(f"{self.template_name}: tool results and user turns render differently "
+                                    "depending on the earlier conversation; observations cannot be appended")
 
     def observation_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Ids of non-assistant messages that follow an assistant turn, with the next generation prompt.
@@ -117,7 +184,7 @@ class ChatFormat:
         for m in messages:
             if m.get("role") == "assistant":
                 raise ValueError("observation_ids takes tool/user messages only; assistant turns are sampled ids")
-        key = json.dumps([normalize_message(m) for m in messages], sort_keys=True)
+        key = json.dumps([normalize_message(m) for m in messages], sort_keys=True, default=str)
         cached = self._observation_cache.get(key)
         if cached is None:
             cached = self.encode(self.observation_text(messages))
@@ -125,15 +192,20 @@ class ChatFormat:
                 self._observation_cache[key] = cached
         return list(cached)
 
+    # -- assistant turns -------------------------------------------------------------------
     def render_assistant_text(self, message: Mapping[str, Any]) -> str:
-        """The exact text the template gives an assistant turn, through its end-of-turn token."""
-        prompt = self.render(_BASE[:2], add_generation_prompt=True)
-        full = self.render([*_BASE[:2], message], add_generation_prompt=False)
-        if not full.startswith(prompt):
-            # templates that render the last assistant turn differently from the generation prompt
-            # (none of ours) cannot provide SFT targets that match sampling
-            raise TemplateError(f"{self.template_name}: an assistant turn does not extend the generation prompt")
-        turn = full[len(prompt):]
+        """The exact text the template gives an assistant turn after the generation prompt, through
+        its end-of-turn token: what the model must generate (SFT targets, tests)."""
+        if message.get("role", "assistant") != "assistant":
+            raise ValueError(f"render_assistant_text takes an assistant message, not {message.get('role')!r}")
+        full = self.render([*_BASE[:2], {**message, "role": "assistant"}])
+        if not full.startswith(self._generation_prompt):
+            # e.g. Qwen3 with enable_thinking=False: the prompt holds an empty think block, the
+            # message brings its own reasoning
+            raise TemplateError(f"{self.template_name}: this assistant message does not extend the generation "
+                                f"prompt {self._generation_prompt[len(self._context):]!r} (reasoning while "
+                                f"enable_thinking={self.enable_thinking}?)")
+        turn = full[len(self._generation_prompt):]
         end = turn.find(self.end_of_turn)
         if end < 0:
             raise TemplateError(f"{self.template_name}: no end-of-turn token in a rendered assistant turn")
@@ -147,15 +219,33 @@ class ChatFormat:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
+def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
+    spans, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
 @dataclass
 class TokenSequence:
     """An episode's tokens, built by appending only."""
 
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    _spans: list[tuple[int, int]] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)  # 1 on sampled ids (end-of-turn included)
+    logprobs: list[float] = field(default_factory=list)  # sampling logprobs where the mask is 1, else 0.0
+    _spans: list[tuple[int, int]] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if not len(self.response_ids) == len(self.loss_mask) == len(self.logprobs):
+            raise ValueError(f"{len(self.response_ids)} response ids, {len(self.loss_mask)} mask entries, "
+                             f"{len(self.logprobs)} logprobs")
+        if not self._spans:
+            self._spans = _runs(self.loss_mask)
 
     @classmethod
     def start(cls, prompt_ids: Sequence[int]) -> TokenSequence:
@@ -183,5 +273,5 @@ class TokenSequence:
         return len(self.prompt_ids) + len(self.response_ids)
 
     def assistant_spans(self) -> list[tuple[int, int]]:
-        """(start, end) of each sampled turn within ``response_ids``."""
+        """(start, end) of each sampled turn within ``response_ids`` (empty turns have none)."""
         return list(self._spans)

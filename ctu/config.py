@@ -136,6 +136,7 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     sft_steps: int = 0  # supervised warm start on gold demonstrations (train split) before RL
     sft_lr: float = 1e-4
+    sft_batch_size: int = 8
     ckpt_interval: int = 5
     keep_checkpoints: int = 2
     eval_interval: int = 0  # 0: only before (if eval_before_train) and after training

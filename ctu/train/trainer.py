@@ -210,7 +210,7 @@ class Trainer:
         rng = random.Random(self.config.run.seed)
         loss = 0.0
         for _ in range(t.sft_steps):
-            batch = rng.sample(demos, min(len(demos), t.tasks_per_step * t.samples_per_task))
+            batch = rng.sample(demos, min(len(demos), t.sft_batch_size))
             loss = sft_update(self.policy, optimizer, batch, t.micro_batch_tokens)
         self.sync_weights()
         return loss
@@ -234,12 +234,18 @@ class Trainer:
                      wandb_project=cfg.wandb.project, wandb_mode=cfg.wandb.mode, run_name=name,
                      resume_step=self.step) as tracker:
             if resume_from is None:
-                sft = self.warm_start()
-                if sft is not None:
-                    print(f"supervised warm start: {t.sft_steps} steps, final loss {sft:.3f}")
-                if t.eval_before_train:
+                if t.eval_before_train:  # the base model, before any warm start
                     summary["before"] = self.evaluate("step_0")
                     print("eval before training: " + ", ".join(f"{k}={v:.3f}" for k, v in summary["before"].items()))
+                started = time.perf_counter()
+                sft = self.warm_start()
+                if sft is not None:
+                    summary["sft"] = {"steps": t.sft_steps, "loss": sft, "seconds": time.perf_counter() - started}
+                    print(f"supervised warm start: {t.sft_steps} steps in {summary['sft']['seconds']:.0f}s, "
+                          f"final loss {sft:.3f}")
+                    if t.eval_before_train:
+                        summary["after_sft"] = self.evaluate("after_sft")
+                        print("eval after warm start: " + ", ".join(f"{k}={v:.3f}" for k, v in summary["after_sft"].items()))
             bar = tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
             while self.step < t.max_steps:
                 self.step += 1
