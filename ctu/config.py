@@ -221,9 +221,6 @@ class Config:
             problems.append("trainer.samples_per_task: group advantages need at least 2 samples per task")
         if t.lr <= 0:
             problems.append(f"trainer.lr: must be > 0, got {t.lr}")
-        if t.micro_batch_tokens < config.env.max_context_tokens:
-            problems.append(f"trainer.micro_batch_tokens ({t.micro_batch_tokens}) must hold one full episode "
-                            f"(env.max_context_tokens = {config.env.max_context_tokens})")
         if t.resume not in (None, "latest") and not Path(t.resume).is_dir():
             problems.append(f"trainer.resume: '{t.resume}' is neither 'latest' nor a checkpoint directory")
         if config.lora.rank < 1:

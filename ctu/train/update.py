@@ -30,7 +30,10 @@ def to_sample(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask:
 
 
 def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Pack sample indices (in order) so that rows x longest row stays within ``token_budget``."""
+    """Pack sample indices (in order) so that rows x longest row stays within ``token_budget``.
+
+    A sample longer than the budget gets a micro-batch of its own.
+    """
     batches: list[list[int]] = []
     current: list[int] = []
     longest = 0

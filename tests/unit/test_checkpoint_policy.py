@@ -71,7 +71,7 @@ def test_checkpoints_are_atomic_and_resume_skips_partial_writes(tmp_path):
     ("trainer.mini_batches=3", "trainer.mini_batches: 3 does not divide the rollout batch of 32"),
     ("trainer.samples_per_task=1", "at least 2 samples"),
     ("trainer.resume=/no/such/dir", "trainer.resume"),
-    ("trainer.micro_batch_tokens=10", "must hold one full episode"),
+    ("trainer.micro_batch_tokens=0", "trainer.micro_batch_tokens: must be >= 1"),
 ])
 def test_trainer_config_errors_name_the_key(override, message):
     from ctu.config import ConfigError
