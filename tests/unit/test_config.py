@@ -1,4 +1,5 @@
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import yaml
@@ -72,3 +73,9 @@ def test_override_values_are_yaml():
     assert parse_override("a.b=") == ("a.b", "")
     assert parse_override("a.b=x=y") == ("a.b", "x=y")
     assert load_config(None, ["sampling.temperature=1e-1"]).sampling.temperature == 0.1  # YAML 1.1 reads a string
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in Path("configs").glob("*.yaml")))
+def test_every_preset_loads_and_validates(preset):
+    cfg = load_config(f"configs/{preset}")
+    assert cfg.trainer.max_steps >= 1 and cfg.env.domains
