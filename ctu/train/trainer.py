@@ -27,7 +27,7 @@ from ctu.rollout import EpisodeSpec, RolloutLimits, Trajectory, rollout
 from ctu.tracking import Tracker
 from ctu.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from ctu.train.policy import build_policy, export
-from ctu.train.update import Sample, policy_update, sft_update, to_sample
+from ctu.train.update import Sample, policy_update, sequence_kl, sft_update, to_sample
 from ctu.users.scripted import ScriptedUser
 
 
@@ -167,6 +167,11 @@ class Trainer:
         rollout_s = time.perf_counter() - started
         rewards = self.rewards(trajectories)
         groups = [f"{tr.domain}/{tr.task_id}/{i // t.samples_per_task}" for i, tr in enumerate(trajectories)]
+        kl_penalties = [0.0] * len(trajectories)
+        if t.kl_coef > 0 and t.kl_in_reward:  # KL in the reward: r - kl_coef * KL(episode)
+            every = [to_sample(tr.prompt_ids, tr.response_ids, tr.loss_mask, tr.logprobs, 0.0) for tr in trajectories]
+            kl_penalties = [t.kl_coef * k for k in sequence_kl(self.policy, every, t, self.config.sampling.temperature)]
+            rewards = TrainingRewards(rewards.env, tuple(r - k for r, k in zip(rewards.shaped, kl_penalties, strict=True)))
         advantages = compute_advantages(t.advantage, rewards.shaped, groups)
         keep = [i for i, tr in enumerate(trajectories) if tr.stop_reason != "error"]
         if t.dynamic_sampling:
@@ -185,7 +190,8 @@ class Trainer:
         scored = [tr for tr in trajectories if tr.stop_reason != "error"]
         metrics = {
             "rollout": {"reward": mean(tr.reward for tr in scored), "success": mean(float(tr.success) for tr in scored),
-                        "shaped_reward": mean(rewards.shaped), "errored": len(trajectories) - len(scored),
+                        "shaped_reward": mean(rewards.shaped), "kl_penalty": mean(kl_penalties),
+                        "errored": len(trajectories) - len(scored),
                         "parse_failure_rate": sum(tr.parse_failures for tr in scored) / max(1, sum(tr.turns for tr in scored)),
                         "turns": mean(tr.turns for tr in scored), "response_tokens": mean(sum(tr.loss_mask) for tr in scored),
                         "stop_reasons": distribution(tr.stop_reason for tr in trajectories),

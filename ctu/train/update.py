@@ -69,6 +69,25 @@ def score_logprobs(model, batch: dict[str, torch.Tensor], temperature: float) ->
     return token_logprobs(model, batch["ids"], batch["attn"], temperature)[0]
 
 
+@torch.no_grad()
+def sequence_kl(policy: Policy, samples: Sequence[Sample], cfg: TrainerConfig, temperature: float) -> list[float]:
+    """Per-episode KL to the reference, summed over its sampled tokens (for KL in the reward)."""
+    out: list[float] = [0.0] * len(samples)
+    model = policy.model
+    was_training = model.training
+    model.eval()
+    for idx in micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens):
+        batch = collate([samples[i] for i in idx], policy.device)
+        current = score_logprobs(model, batch, temperature)
+        with policy.as_reference() as reference:
+            ref = score_logprobs(reference, batch, temperature)
+        per_seq = (kl_penalty(current, ref, cfg.kl_estimator) * batch["mask"]).sum(-1)
+        for i, value in zip(idx, per_seq.tolist(), strict=True):
+            out[i] = value
+    model.train(was_training)
+    return out
+
+
 def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample], cfg: TrainerConfig,
                   temperature: float) -> dict[str, float]:
     """PPO-clip/GRPO updates over ``samples``: ``ppo_epochs`` x ``mini_batches`` optimizer steps."""
@@ -82,7 +101,7 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     model.eval()
     old = [score_logprobs(model, b, temperature) for b in batches]  # the policy before this update
     ref = None
-    if cfg.kl_coef > 0:
+    if cfg.kl_coef > 0 and not cfg.kl_in_reward:
         with policy.as_reference() as reference:
             ref = [score_logprobs(reference, b, temperature) for b in batches]
     model.train(was_training)
@@ -105,7 +124,7 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
                                          clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
                                          aggregation=cfg.loss_aggregation, token_weights=tis)
                 loss = pg
-                if ref is not None and not cfg.kl_in_reward:
+                if ref is not None:
                     kl = aggregate(kl_penalty(logp, ref[j], cfg.kl_estimator), b["mask"], cfg.loss_aggregation)
                     loss = loss + cfg.kl_coef * kl
                     stats["kl"] += float(kl.detach()) * weight / len(groups) / cfg.ppo_epochs
