@@ -68,7 +68,7 @@ def test_checkpoints_are_atomic_and_resume_skips_partial_writes(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("trainer.mini_batches=3", "trainer.mini_batches: 3 does not divide the rollout batch of 32"),
+    ("trainer.mini_batches=3", "trainer.mini_batches: 3 does not divide the rollout batch of 16"),
     ("trainer.samples_per_task=1", "at least 2 samples"),
     ("trainer.resume=/no/such/dir", "trainer.resume"),
     ("trainer.micro_batch_tokens=0", "trainer.micro_batch_tokens: must be >= 1"),
