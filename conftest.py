@@ -6,6 +6,12 @@ import importlib.util
 import os
 
 import pytest
+from hypothesis import settings
+
+# Property tests are derandomized by default so CI is reproducible; HYPOTHESIS_PROFILE=explore draws new examples.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Nothing may download from a model hub at run time, in tests above all.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
