@@ -54,9 +54,9 @@ def test_logprobs_equal_a_teacher_forced_forward_pass(engine):
     for temperature in (0.0, 0.7):
         out = gen(engine, PROMPTS, temperature=temperature, max_tokens=6, seed=3)
         for prompt, (c,) in zip(PROMPTS, out, strict=True):
-            ids = torch.tensor([prompt + list(c.token_ids)])
+            ids = torch.tensor([prompt + list(c.token_ids)], device=engine.model.device)
             with torch.no_grad():
-                logits = engine.model(ids).logits[0, len(prompt) - 1:-1].float()
+                logits = engine.model(ids).logits[0, len(prompt) - 1:-1].float().cpu()
             scaled = logits / temperature if temperature > 0 else logits
             ref = torch.log_softmax(scaled, -1).gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
             assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
