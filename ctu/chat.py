@@ -10,7 +10,7 @@ the newline after ``<|im_end|>`` and ending with the next generation prompt. The
 is never re-tokenized. Every render goes through :meth:`ChatFormat.render`, which passes
 ``enable_thinking`` (Qwen3) every time.
 
-Templates: a ``.jinja`` file given by path; else the tokenizer's own if it knows tools;
+Templates: a built-in name (``hermes``, ``compact``) or a ``.jinja`` file given by path; else the tokenizer's own if it knows tools;
 else ctu's hermes template (``ctu/templates/hermes.jinja``: ChatML with Qwen2.5's tool
 format, prefix-preserving). Qwen3-style templates re-render earlier assistant turns
 (dropping ``<think>`` blocks before the last user query, and empty ones everywhere but
@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 HERMES_TEMPLATE = Path(__file__).parent / "templates" / "hermes.jinja"
+# built-in templates, by name (model.template: compact): hermes, and hermes with one-line tool signatures
+BUILTIN_TEMPLATES = {"hermes": HERMES_TEMPLATE, "compact": HERMES_TEMPLATE.with_name("compact.jinja")}
 _BASE_MARKER = "ctu-base-assistant-turn"
 _BASE = ({"role": "system", "content": "ctu"}, {"role": "user", "content": "ctu"},
          {"role": "assistant", "content": _BASE_MARKER})
@@ -109,10 +111,13 @@ class ChatFormat:
 
     @staticmethod
     def _choose_template(tokenizer, template: str | None) -> tuple[str, str]:
+        if template in BUILTIN_TEMPLATES:
+            return BUILTIN_TEMPLATES[template].read_text(), f"ctu {template} template"
         if template is not None:
             path = Path(template)
             if not path.is_file():
-                raise TemplateError(f"chat template file {template} does not exist")
+                raise TemplateError(f"chat template file {template} does not exist (built-in names: "
+                                    f"{', '.join(BUILTIN_TEMPLATES)})")
             return path.read_text(), str(path)
         own = _tool_aware(getattr(tokenizer, "chat_template", None))
         if own is not None:

@@ -24,7 +24,7 @@ class ConfigError(ValueError):
 @dataclass
 class ModelConfig:
     path: str = "smollm2-135m"
-    template: str | None = None  # a .jinja chat template file; default: the model's own if tool-aware, else ctu's
+    template: str | None = None  # hermes | compact | a .jinja file; default: the model's own if tool-aware, else hermes
     enable_thinking: bool = False  # Qwen3 thinking blocks
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
 
@@ -187,8 +187,13 @@ class Config:
         from ctu.domains import DOMAINS
 
         for i, name in enumerate(config.env.domains):
-            if name not in DOMAINS:
-                problems.append(f"env.domains[{i}]: unknown domain '{name}' (known: {', '.join(DOMAINS)})")
+            if ":" in name:
+                module_name, _, attr = name.partition(":")
+                if not module_name or not attr:
+                    problems.append(f"env.domains[{i}]: '{name}' is not 'package.module:function'")
+            elif name not in DOMAINS:
+                problems.append(f"env.domains[{i}]: unknown domain '{name}' (known: {', '.join(DOMAINS)}, "
+                                "or 'package.module:function')")
         if not config.env.domains:
             problems.append("env.domains: at least one domain is needed")
         for name, weight in config.env.weights.items():

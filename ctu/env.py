@@ -31,8 +31,9 @@ TERMINATIONS = ("user_stop", "agent_stop", "max_turns", "too_many_errors", "user
 
 
 def system_prompt(domain: Domain) -> str:
-    """The agent's system prompt, as tau2's LLM agent writes it."""
-    return f"<instructions>\n{AGENT_INSTRUCTION}\n</instructions>\n<policy>\n{domain.policy}\n</policy>"
+    """The agent's system prompt, as tau2's LLM agent writes it (with the domain's own instruction if it has one)."""
+    instruction = domain.agent_instruction or AGENT_INSTRUCTION
+    return f"<instructions>\n{instruction}\n</instructions>\n<policy>\n{domain.policy}\n</policy>"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""Domains: retail and airline (tau2-bench semantics over tau2's data files), and mini."""
+"""Domains: retail and airline (tau2-bench semantics over tau2's data files), and mini.
+
+Your own domain: name it ``package.module:function`` in ``env.domains``; ``function(data_dir)`` returns a
+:class:`~ctu.domains.base.Domain`.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,22 @@ DOMAINS = ("mini", "retail", "airline")
 
 @functools.cache
 def get_domain(name: str, data_dir: str | None = None) -> Domain:
-    """Load a domain by name (cached: the base DB is shared read-only by all episodes)."""
+    """Load a domain by name or ``module:function`` (cached: the base DB is shared read-only by all episodes)."""
+    if ":" in name:
+        return _load_custom(name, data_dir)
     if name not in DOMAINS:
         raise KeyError(f"unknown domain '{name}' (known: {', '.join(DOMAINS)})")
     module = importlib.import_module(f"ctu.domains.{name}")
     return module.load(data_dir)
+
+
+def _load_custom(spec: str, data_dir: str | None) -> Domain:
+    module_name, _, attr = spec.partition(":")
+    try:
+        loader = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise KeyError(f"domain '{spec}': cannot load {attr!r} from module {module_name!r} ({exc})") from exc
+    domain = loader(data_dir)
+    if not isinstance(domain, Domain):
+        raise TypeError(f"domain '{spec}': {attr}() returned {type(domain).__name__}, not a ctu Domain")
+    return domain

@@ -421,6 +421,7 @@ class Domain:
     splits: Mapping[str, tuple[str, ...]]
     assertions: Mapping[str, Callable[..., bool]] = field(default_factory=dict)
     transfer_tool: str | None = "transfer_to_human_agents"
+    agent_instruction: str | None = None  # replaces tau2's agent instruction in the system prompt when set
 
     def tool(self, name: str) -> Tool | None:
         return self._by_name().get(name)

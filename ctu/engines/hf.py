@@ -1,7 +1,7 @@
 """In-process transformers engine: batched, KV-cached sampling from token-id prompts.
 
-Prompts are left-padded into batches (prompt x n rows), decoded step by step with the
-model's KV cache, and sampled with temperature and top-p from a seeded generator. The
+Prompts are batched (prompt x n rows; their shared prefix, e.g. the system prompt, is prefilled once and
+the rest left-padded after it: :func:`ctu.shared_prefix.prefill`), decoded step by step with the model's KV cache, and sampled with temperature and top-p from a seeded generator. The
 logprob of each sampled token is taken from ``log_softmax(logits / temperature)`` (plain
 ``log_softmax`` when greedy) before top-p truncation — the same quantity the trainer
 computes with the same temperature, so sampler and trainer logprobs are comparable.
@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from ctu.engines.base import Completion, Engine, SamplingParams
+from ctu.shared_prefix import prefill
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -101,21 +102,12 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, generator) -> list[Completion]:
-        device = self.device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=device)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-        for row, p in enumerate(prompts):
-            input_ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
-            mask[row, width - len(p):] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         stop_ids = set(params.stop_token_ids) | self.eos_ids
         out_ids: list[list[int]] = [[] for _ in prompts]
         out_lp: list[list[float]] = [[] for _ in prompts]
         reason: list[str | None] = [None] * len(prompts)
-        outputs = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        past = outputs.past_key_values
-        logits = outputs.logits[:, -1, :]
+        logits, past, mask, positions = prefill(self.model, prompts, self.pad_id)
+        device = mask.device
         for _ in range(params.max_tokens):
             tokens, logprobs = sample_next(logits, params, generator)
             for row, (tok, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):

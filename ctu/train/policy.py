@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ctu.config import Config
+from ctu.shared_prefix import needed_logits
 
 _PEFT_PREFIX = "base_model.model."
 
@@ -126,18 +127,29 @@ def build_policy(config: Config, device: str | None = None) -> Policy:
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, with_entropy: bool = False):
-    """Logprobs of each next token (positions 1..T-1) under ``logits / temperature``; optional entropy."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
+                   temperature: float = 1.0, with_entropy: bool = False, needed: torch.Tensor | None = None):
+    """Logprobs of each next token (positions 1..T-1) under ``logits / temperature``; optional entropy.
+
+    ``needed`` [B, T-1] (e.g. the loss mask) limits the work to the positions some row scores; positions no
+    row scores come back as 0. The batch's shared prefix is computed once (:mod:`ctu.shared_prefix`).
+    """
+    batch, width = input_ids.shape
+    logits, positions = needed_logits(model, input_ids, attention_mask, needed)
+    out = torch.zeros((batch, width - 1), device=input_ids.device)
+    entropy_out = torch.zeros((batch, width - 1), device=input_ids.device) if with_entropy else None
+    if positions.numel() == 0:
+        return out, entropy_out
+    logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
-    chosen = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    chosen = logp.gather(-1, input_ids[:, positions + 1, None]).squeeze(-1)
+    out = out.index_copy(1, positions, chosen)
     if not with_entropy:
-        return chosen, None
+        return out, None
     with torch.no_grad():
-        entropy = -(logp.exp() * logp).sum(-1)
-    return chosen, entropy
+        entropy_out = entropy_out.index_copy(1, positions, -(logp.exp() * logp).sum(-1))
+    return out, entropy_out
 
 
 def export(policy: Policy, out_dir: str | Path, base_path: str) -> dict[str, str]:

@@ -42,9 +42,9 @@ class TrainingRewards:
 class TaskSampler:
     """Weighted, seeded sampling of training tasks across domains; its state is the data cursor."""
 
-    def __init__(self, domains, weights: dict[str, float], seed: int):
+    def __init__(self, domains, weights: Sequence[float], seed: int):
         self.pools = [(d, d.split("train") if "train" in d.splits else list(d.tasks)) for d in domains]
-        self.weights = [weights.get(d.name, 1.0) for d, _ in self.pools]
+        self.weights = list(weights)
         self.rng = random.Random(seed)
 
     def sample(self, n: int) -> list[tuple]:
@@ -116,7 +116,8 @@ class Trainer:
         self.user = build.build_user(config)
         self.judge = build.build_judge(config)
         self.limits = RolloutLimits(config.env.max_turns, config.env.max_errors, config.env.max_context_tokens)
-        self.sampler = TaskSampler(self.domains, config.env.weights, config.run.seed)
+        self.sampler = TaskSampler(self.domains, [config.env.weights.get(n, 1.0) for n in config.env.domains],
+                                   config.run.seed)
         t = config.trainer
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=t.lr, weight_decay=t.weight_decay)
         total_updates = t.max_steps * t.mini_batches * t.ppo_epochs
@@ -138,9 +139,13 @@ class Trainer:
     def evaluate(self, tag: str) -> dict:
         specs = episode_specs(self.domains, self.config.eval.splits, self.config.eval.samples_per_task,
                               self.config.trainer.eval_max_tasks)
+        started = time.perf_counter()
         trajectories = self._rollout(specs, self.config.eval.temperature, seed=10_000 + self.step, judge=self.judge)
         report = write_report(self.run_dir / "eval" / tag, trajectories)
-        return {f"eval/{scope}/success": s["success_rate"] for scope, s in report.items()}
+        out = {f"eval/{scope}/success": s["success_rate"] for scope, s in report.items()}
+        print(f"eval {tag} ({len(specs)} episodes, {time.perf_counter() - started:.0f}s): "
+              + ", ".join(f"{k}={v:.3f}" for k, v in out.items()), flush=True)
+        return out
 
     def rewards(self, trajectories: Sequence[Trajectory]) -> TrainingRewards:
         f = self.config.filters
@@ -215,9 +220,13 @@ class Trainer:
         optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=t.sft_lr, weight_decay=0.0)
         rng = random.Random(self.config.run.seed)
         loss = 0.0
-        for _ in range(t.sft_steps):
+        from tqdm import tqdm
+
+        bar = tqdm(range(t.sft_steps), desc="warm start (supervised)", unit="step", dynamic_ncols=True)
+        for _ in bar:
             batch = rng.sample(demos, min(len(demos), t.sft_batch_size))
             loss = sft_update(self.policy, optimizer, batch, t.micro_batch_tokens)
+            bar.set_postfix(loss=f"{loss:.3f}")
         self.sync_weights()
         return loss
 
@@ -242,7 +251,6 @@ class Trainer:
             if resume_from is None:
                 if t.eval_before_train:  # the base model, before any warm start
                     summary["before"] = self.evaluate("step_0")
-                    print("eval before training: " + ", ".join(f"{k}={v:.3f}" for k, v in summary["before"].items()))
                 started = time.perf_counter()
                 sft = self.warm_start()
                 if sft is not None:
@@ -251,7 +259,6 @@ class Trainer:
                           f"final loss {sft:.3f}")
                     if t.eval_before_train:
                         summary["after_sft"] = self.evaluate("after_sft")
-                        print("eval after warm start: " + ", ".join(f"{k}={v:.3f}" for k, v in summary["after_sft"].items()))
             bar = tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
             while self.step < t.max_steps:
                 self.step += 1
@@ -270,7 +277,6 @@ class Trainer:
                 bar.update()
             bar.close()
             summary["after"] = self.evaluate(f"step_{self.step}")
-            print("eval after training: " + ", ".join(f"{k}={v:.3f}" for k, v in summary["after"].items()))
             if t.export:
                 summary["export"] = export(self.policy, self.run_dir / "export", cfg.model.path)
                 print(f"exported: {summary['export']}")

@@ -66,7 +66,7 @@ def collate(samples: Sequence[Sample], device) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def score_logprobs(model, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
-    return token_logprobs(model, batch["ids"], batch["attn"], temperature)[0]
+    return token_logprobs(model, batch["ids"], batch["attn"], temperature, needed=batch["mask"])[0]
 
 
 @torch.no_grad()
@@ -118,7 +118,8 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
             for j in group:
                 b = batches[j]
                 weight = float(b["mask"].sum()) / total
-                logp, entropy = token_logprobs(model, b["ids"], b["attn"], temperature, with_entropy=True)
+                logp, entropy = token_logprobs(model, b["ids"], b["attn"], temperature, with_entropy=True,
+                                               needed=b["mask"])
                 tis = truncated_importance_weights(old[j], b["sampler"], cfg.tis_cap) if cfg.tis_cap else None
                 pg, info = ppo_clip_loss(logp, old[j], b["adv"], b["mask"], clip_low=cfg.clip_low,
                                          clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
@@ -153,7 +154,7 @@ def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], token_budge
     total = sum(float(b["mask"].sum()) for b in batches) or 1.0
     loss_sum = 0.0
     for b in batches:
-        logp, _ = token_logprobs(policy.model, b["ids"], b["attn"])
+        logp, _ = token_logprobs(policy.model, b["ids"], b["attn"], needed=b["mask"])
         loss = -(logp * b["mask"]).sum() / total
         loss.backward()
         loss_sum += float(loss.detach())
