@@ -31,6 +31,8 @@ def _load_custom(spec: str, data_dir: str | None) -> Domain:
         loader = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise KeyError(f"domain '{spec}': cannot load {attr!r} from module {module_name!r} ({exc})") from exc
+    if not callable(loader):
+        raise TypeError(f"domain '{spec}': {attr} is not callable (expected a function returning a Domain)")
     domain = loader(data_dir)
     if not isinstance(domain, Domain):
         raise TypeError(f"domain '{spec}': {attr}() returned {type(domain).__name__}, not a ctu Domain")

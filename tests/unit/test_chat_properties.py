@@ -24,7 +24,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_order", "description": "
     "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}},
          {"type": "function", "function": {"name": "note", "description": "Write \"notes\".\nTwo lines.",
                                            "parameters": {"type": "object", "properties": {}}}}]
-TEMPLATES = {"hermes": None, "qwen2_5": "fixtures/templates/qwen2_5.jinja", "qwen3": "fixtures/templates/qwen3.jinja"}
+TEMPLATES = {"hermes": None, "compact": "compact", "qwen2_5": "fixtures/templates/qwen2_5.jinja",
+             "qwen3": "fixtures/templates/qwen3.jinja"}
 HEADER = "<|im_start|>assistant\n"
 THINK = re.compile(r"<think>\n.*?\n</think>\n\n", re.S)
 
