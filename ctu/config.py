@@ -36,6 +36,12 @@ class EngineConfig:
     api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable holding the key
     max_batch_size: int = 64
     gpu_memory_utilization: float = 0.5
+    # After every weight sync a fixed probe sequence is scored by the engine and by the trainer;
+    # the run stops when the largest per-token logprob difference exceeds this.
+    parity_tolerance: float = 0.05
+    parity_probe_tokens: int = 16
+    weight_sync: Literal["merged", "adapter"] = "merged"  # vllm: merged HF weights, or the LoRA adapter (new id per version)
+    colocated: bool = True  # vllm shares the GPU with the trainer: sleep during updates, wake for rollouts
 
 
 @dataclass

@@ -59,6 +59,33 @@ def truncated_importance_weights(trainer_logprobs: torch.Tensor, sampler_logprob
         return torch.exp((trainer_logprobs - sampler_logprobs).clamp(max=20.0)).clamp(max=cap)
 
 
+def ppo_clip_per_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, *,
+                       clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
+                       token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO-clip loss (negated clipped objective) and a 0/1 tensor of where clipping bound it."""
+    check_clip(clip_low, clip_high, dual_clip)
+    adv = advantages.reshape(-1, 1).to(logprobs.dtype).expand_as(logprobs)
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    if dual_clip is not None:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
+    if token_weights is not None:
+        per_token = per_token * token_weights
+    return per_token, (clipped > unclipped).detach().to(logprobs.dtype)
+
+
+def check_clip(clip_low: float, clip_high: float, dual_clip: float | None) -> None:
+    """The clip bounds that make a PPO objective: 0 <= clip_low < 1, clip_high >= 0, dual_clip > 1."""
+    if not 0 <= clip_low < 1:
+        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+    if clip_high < 0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+
+
 def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                   mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2,
                   dual_clip: float | None = None, aggregation: Aggregation = "token_mean",
@@ -68,24 +95,38 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     Returns the loss to minimise (the negated clipped objective) and metrics: the fraction of
     masked tokens clipped and the approximate KL to the old policy.
     """
-    adv = advantages.reshape(-1, 1).to(logprobs.dtype).expand_as(logprobs)
-    ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    per_token = torch.maximum(unclipped, clipped)
-    if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
-    if token_weights is not None:
-        per_token = per_token * token_weights
+    per_token, clipped = ppo_clip_per_token(logprobs, old_logprobs, advantages, clip_low=clip_low,
+                                            clip_high=clip_high, dual_clip=dual_clip, token_weights=token_weights)
     loss = aggregate(per_token, mask, aggregation)
     with torch.no_grad():
         m = mask.to(logprobs.dtype)
         n = m.sum().clamp(min=1.0)
-        clip_frac = (((clipped > unclipped).to(m.dtype)) * m).sum() / n
+        clip_frac = (clipped * m).sum() / n
         approx_kl = (0.5 * (logprobs - old_logprobs).pow(2) * m).sum() / n
     return loss, {"clip_fraction": float(clip_frac), "approx_kl_old": float(approx_kl)}
+
+
+def aggregation_weights(masks: list[torch.Tensor], mode: Aggregation = "token_mean",
+                        norm_length: int | None = None) -> list[torch.Tensor]:
+    """Per-token weights that turn ``aggregate`` over a whole batch into a sum over its parts.
+
+    ``masks`` are the 0/1 loss masks of every sequence of one optimizer step (any lengths). With
+    ``w = aggregation_weights(masks, mode)``, ``sum_i (per_token_i * w_i).sum()`` equals
+    ``aggregate`` of the padded batch (``seq_mean_token_sum_norm`` normalises by ``norm_length``,
+    default the longest mask): so a loss built from these weights does not depend on how the
+    sequences are split into micro-batches.
+    """
+    counts = [float(m.sum()) for m in masks]
+    with_tokens = sum(1 for c in counts if c > 0)
+    if mode == "token_mean":
+        total = sum(counts) or 1.0
+        return [m / total for m in masks]
+    if mode == "seq_mean_token_mean":
+        return [m / (c * with_tokens) if c > 0 else m * 0.0 for m, c in zip(masks, counts, strict=True)]
+    if mode == "seq_mean_token_sum_norm":
+        length = norm_length if norm_length is not None else max((m.shape[-1] for m in masks), default=1)
+        return [m / (max(1, length) * max(1, len(masks))) for m in masks]
+    raise ValueError(f"unknown loss aggregation '{mode}'")
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -1,15 +1,28 @@
-"""One policy update from finished episodes: tensors, micro-batches, GRPO/PPO loss, optimizer steps."""
+"""One policy update from finished episodes: tensors, micro-batches, GRPO/PPO loss, optimizer steps.
+
+Semantics (each a property test in tests/unit/test_update_semantics.py):
+- the episodes are split into ``mini_batches`` optimizer steps (reshuffled each epoch with the given seed);
+- within one optimizer step the loss is the configured aggregation over all of its episodes, built from
+  per-token weights (:func:`ctu.rl.losses.aggregation_weights`), so neither loss, gradients nor stats
+  depend on how episodes fall into micro-batches (``micro_batch_tokens`` only bounds memory);
+- gradient passes run in train mode (dropout, gradient checkpointing), scoring in eval mode;
+- the scheduler steps once per optimizer step that happens.
+"""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ctu.config import TrainerConfig
-from ctu.rl.losses import aggregate, kl_penalty, ppo_clip_loss, truncated_importance_weights
+from ctu.rl.losses import aggregation_weights, kl_penalty, ppo_clip_per_token, truncated_importance_weights
 from ctu.train.policy import Policy, token_logprobs
+
+STAT_KEYS = ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "updates",
+             "sampler_trainer_logprob_diff", "trained_tokens")
 
 
 @dataclass
@@ -48,116 +61,190 @@ def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     return batches
 
 
-def collate(samples: Sequence[Sample], device) -> dict[str, torch.Tensor]:
+def split_episodes(n: int, parts: int, rng: random.Random) -> list[list[int]]:
+    """``n`` episode indices shuffled by ``rng`` and cut into ``min(parts, n)`` near-equal optimizer steps."""
+    order = list(range(n))
+    rng.shuffle(order)
+    parts = max(1, min(parts, n))
+    size, extra = divmod(n, parts)
+    out, start = [], 0
+    for p in range(parts):
+        end = start + size + (1 if p < extra else 0)
+        out.append(sorted(order[start:end]))
+        start = end
+    return [o for o in out if o]
+
+
+def collate(samples: Sequence[Sample], device, weights: Sequence[torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     width = max(len(s.ids) for s in samples)
     ids = torch.zeros((len(samples), width), dtype=torch.long)
     attn = torch.zeros((len(samples), width), dtype=torch.long)
     mask = torch.zeros((len(samples), width - 1))
     sampler = torch.zeros((len(samples), width - 1))
+    weight = torch.zeros((len(samples), width - 1))
     for row, s in enumerate(samples):  # right padding; padded positions are masked out
         ids[row, : len(s.ids)] = torch.tensor(s.ids)
         attn[row, : len(s.ids)] = 1
         mask[row, : len(s.mask)] = torch.tensor(s.mask, dtype=torch.float)
         sampler[row, : len(s.sampler_logprobs)] = torch.tensor(s.sampler_logprobs)
+        if weights is not None:
+            weight[row, : len(s.mask)] = weights[row]
     adv = torch.tensor([s.advantage for s in samples])
     return {k: v.to(device) for k, v in
-            {"ids": ids, "attn": attn, "mask": mask, "sampler": sampler, "adv": adv}.items()}
+            {"ids": ids, "attn": attn, "mask": mask, "sampler": sampler, "adv": adv, "weight": weight}.items()}
 
 
 @torch.no_grad()
 def score_logprobs(model, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
-    return token_logprobs(model, batch["ids"], batch["attn"], temperature, needed=batch["mask"])[0]
+    """Teacher-forced logprobs of the masked tokens, in eval mode (no dropout), without gradient."""
+    was_training = model.training
+    model.eval()
+    try:
+        return token_logprobs(model, batch["ids"], batch["attn"], temperature, needed=batch["mask"])[0]
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
 def sequence_kl(policy: Policy, samples: Sequence[Sample], cfg: TrainerConfig, temperature: float) -> list[float]:
     """Per-episode KL to the reference, summed over its sampled tokens (for KL in the reward)."""
     out: list[float] = [0.0] * len(samples)
-    model = policy.model
-    was_training = model.training
-    model.eval()
     for idx in micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens):
         batch = collate([samples[i] for i in idx], policy.device)
-        current = score_logprobs(model, batch, temperature)
+        current = score_logprobs(policy.model, batch, temperature)
         with policy.as_reference() as reference:
             ref = score_logprobs(reference, batch, temperature)
         per_seq = (kl_penalty(current, ref, cfg.kl_estimator) * batch["mask"]).sum(-1)
         for i, value in zip(idx, per_seq.tolist(), strict=True):
             out[i] = value
-    model.train(was_training)
     return out
 
 
+def empty_stats() -> dict[str, float]:
+    return dict.fromkeys(STAT_KEYS, 0.0)
+
+
 def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample], cfg: TrainerConfig,
-                  temperature: float) -> dict[str, float]:
-    """PPO-clip/GRPO updates over ``samples``: ``ppo_epochs`` x ``mini_batches`` optimizer steps."""
+                  temperature: float, seed: int = 0) -> dict[str, float]:
+    """PPO-clip/GRPO updates over ``samples``: ``ppo_epochs`` x ``mini_batches`` optimizer steps.
+
+    Nothing to train on (no samples, or no sampled token) is a step with ``updates: 0``, not an error.
+    """
+    stats = empty_stats()
+    samples = [s for s in samples if any(s.mask)]
     if not samples:
-        return {"updates": 0.0}
+        return stats
     device = policy.device
-    budget = cfg.micro_batch_tokens
-    batches = [collate([samples[i] for i in idx], device) for idx in micro_batches([len(s.ids) for s in samples], budget)]
     model = policy.model
+    masks = [torch.tensor(s.mask, dtype=torch.float) for s in samples]
+    norm_length = max(int(m.sum()) for m in masks)  # Dr.GRPO's constant: the longest response of this update
+    stats["trained_tokens"] = float(sum(float(m.sum()) for m in masks))
+    # The policy before this update (and the reference), scored once per episode in eval mode.
+    old: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+    ref: list[torch.Tensor] | None = None
+    use_kl = cfg.kl_coef > 0 and not cfg.kl_in_reward
+    if use_kl:
+        ref = [torch.empty(0)] * len(samples)
+    mismatch_sum = 0.0
+    for idx in micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens):
+        b = collate([samples[i] for i in idx], device)
+        lp = score_logprobs(model, b, temperature)
+        mismatch_sum += float(((lp - b["sampler"]).abs() * b["mask"]).sum())
+        if ref is not None:
+            with policy.as_reference() as reference:
+                rlp = score_logprobs(reference, b, temperature)
+        for row, i in enumerate(idx):
+            n = len(samples[i].mask)
+            old[i] = lp[row, :n].cpu()
+            if ref is not None:
+                ref[i] = rlp[row, :n].cpu()
+    stats["sampler_trainer_logprob_diff"] = mismatch_sum / max(1.0, stats["trained_tokens"])
+    rng = random.Random(seed)
+    steps = 0
+    sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm"), 0.0)
     was_training = model.training
-    model.eval()
-    old = [score_logprobs(model, b, temperature) for b in batches]  # the policy before this update
-    ref = None
-    if cfg.kl_coef > 0 and not cfg.kl_in_reward:
-        with policy.as_reference() as reference:
-            ref = [score_logprobs(reference, b, temperature) for b in batches]
-    model.train(was_training)
-    mismatch = [((o - b["sampler"]).abs() * b["mask"]).sum() / b["mask"].sum().clamp(min=1)
-                for o, b in zip(old, batches, strict=True)]
-    stats = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0,
-             "updates": 0.0, "sampler_trainer_logprob_diff": float(torch.stack(mismatch).mean())}
-    per_mini = max(1, len(batches) // cfg.mini_batches)
-    groups = [list(range(i, min(len(batches), i + per_mini))) for i in range(0, len(batches), per_mini)]
-    for _ in range(cfg.ppo_epochs):
-        for group in groups:
-            optimizer.zero_grad(set_to_none=True)
-            total = sum(float(batches[j]["mask"].sum()) for j in group) or 1.0
-            for j in group:
-                b = batches[j]
-                weight = float(b["mask"].sum()) / total
-                logp, entropy = token_logprobs(model, b["ids"], b["attn"], temperature, with_entropy=True,
-                                               needed=b["mask"])
-                tis = truncated_importance_weights(old[j], b["sampler"], cfg.tis_cap) if cfg.tis_cap else None
-                pg, info = ppo_clip_loss(logp, old[j], b["adv"], b["mask"], clip_low=cfg.clip_low,
-                                         clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
-                                         aggregation=cfg.loss_aggregation, token_weights=tis)
-                loss = pg
-                if ref is not None:
-                    kl = aggregate(kl_penalty(logp, ref[j], cfg.kl_estimator), b["mask"], cfg.loss_aggregation)
-                    loss = loss + cfg.kl_coef * kl
-                    stats["kl"] += float(kl.detach()) * weight / len(groups) / cfg.ppo_epochs
-                ent = aggregate(entropy, b["mask"], "token_mean")
-                if cfg.entropy_coef:
-                    loss = loss - cfg.entropy_coef * ent
-                (loss * weight).backward()
-                scale = weight / len(groups) / cfg.ppo_epochs
-                stats["loss"] += float(loss.detach()) * scale
-                stats["pg_loss"] += float(pg.detach()) * scale
-                stats["entropy"] += float(ent.detach()) * scale
-                stats["clip_fraction"] += info["clip_fraction"] * scale
-            norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip)
-            stats["grad_norm"] += float(norm) / len(groups) / cfg.ppo_epochs
-            optimizer.step()
-            scheduler.step()
-            stats["updates"] += 1
+    model.train()
+    try:
+        for _ in range(cfg.ppo_epochs):
+            for episodes in split_episodes(len(samples), cfg.mini_batches, rng):
+                _optimizer_step(policy, optimizer, [samples[i] for i in episodes], [old[i] for i in episodes],
+                                [ref[i] for i in episodes] if ref is not None else None,
+                                [masks[i] for i in episodes], norm_length, cfg, temperature, sums)
+                scheduler.step()
+                steps += 1
+    finally:
+        model.train(was_training)
+    stats["updates"] = float(steps)
+    for key, value in sums.items():
+        stats[key] = value / steps
     return stats
 
 
+def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[torch.Tensor],
+                    ref: list[torch.Tensor] | None, masks: list[torch.Tensor], norm_length: int,
+                    cfg: TrainerConfig, temperature: float, sums: dict[str, float]) -> None:
+    """One optimizer step over these episodes; adds this step's stats to ``sums``."""
+    device = policy.device
+    weights = aggregation_weights(masks, cfg.loss_aggregation, norm_length)
+    token_share = [m / max(1.0, float(sum(x.sum() for x in masks))) for m in masks]  # token means (stats, entropy)
+    optimizer.zero_grad(set_to_none=True)
+    step = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction"), 0.0)
+    for idx in micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens):
+        b = collate([samples[i] for i in idx], device, [weights[i] for i in idx])
+        share = collate([samples[i] for i in idx], device, [token_share[i] for i in idx])["weight"]
+        width = b["mask"].shape[1]
+        old_b = _pad([old[i] for i in idx], width, device)
+        logp, entropy = token_logprobs(policy.model, b["ids"], b["attn"], temperature, with_entropy=True,
+                                       needed=b["mask"])
+        tis = truncated_importance_weights(old_b, b["sampler"], cfg.tis_cap) if cfg.tis_cap else None
+        per_token, clipped = ppo_clip_per_token(logp, old_b, b["adv"], clip_low=cfg.clip_low,
+                                                clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, token_weights=tis)
+        pg = (per_token * b["weight"]).sum()
+        loss = pg
+        if ref is not None:
+            kl = (kl_penalty(logp, _pad([ref[i] for i in idx], width, device), cfg.kl_estimator) * b["weight"]).sum()
+            loss = loss + cfg.kl_coef * kl
+            step["kl"] += float(kl.detach())
+        ent = (entropy * share).sum()
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * ent
+        loss.backward()
+        step["loss"] += float(loss.detach())
+        step["pg_loss"] += float(pg.detach())
+        step["entropy"] += float(ent.detach())
+        step["clip_fraction"] += float((clipped * share).sum())
+    norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip)
+    optimizer.step()
+    for key, value in step.items():
+        sums[key] += value
+    sums["grad_norm"] += float(norm)
+
+
+def _pad(rows: list[torch.Tensor], width: int, device) -> torch.Tensor:
+    out = torch.zeros((len(rows), width))
+    for r, row in enumerate(rows):
+        out[r, : row.shape[0]] = row
+    return out.to(device)
+
+
 def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], token_budget: int) -> float:
-    """One supervised step: mean negative logprob of the masked (assistant) tokens."""
+    """One supervised step (train mode): mean negative logprob of the masked (assistant) tokens."""
     optimizer.zero_grad(set_to_none=True)
     batches = [collate([samples[i] for i in idx], policy.device)
                for idx in micro_batches([len(s.ids) for s in samples], token_budget)]
     total = sum(float(b["mask"].sum()) for b in batches) or 1.0
     loss_sum = 0.0
-    for b in batches:
-        logp, _ = token_logprobs(policy.model, b["ids"], b["attn"], needed=b["mask"])
-        loss = -(logp * b["mask"]).sum() / total
-        loss.backward()
-        loss_sum += float(loss.detach())
+    model = policy.model
+    was_training = model.training
+    model.train()
+    try:
+        for b in batches:
+            logp, _ = token_logprobs(model, b["ids"], b["attn"], needed=b["mask"])
+            loss = -(logp * b["mask"]).sum() / total
+            loss.backward()
+            loss_sum += float(loss.detach())
+    finally:
+        model.train(was_training)
     torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)
     optimizer.step()
     return loss_sum

@@ -1,0 +1,127 @@
+"""Properties of ``policy_update`` itself (tiny model, CPU): what one update means, independent of packing."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ctu.config import load_config
+from ctu.rl.losses import aggregate, aggregation_weights
+from ctu.train.policy import build_policy
+from ctu.train.update import policy_update, split_episodes, to_sample
+
+AGGREGATIONS = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+
+
+def samples(seed: int = 0, n: int = 6):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [1] + [rng.randrange(3, 200) for _ in range(rng.randrange(3, 9))]
+        response = [rng.randrange(3, 200) for _ in range(rng.randrange(2, 12))]
+        mask = [int(rng.random() < 0.8) for _ in response]
+        mask[0] = 1
+        lps = [-rng.random() * 3 for _ in response]
+        out.append(to_sample(prompt, response, mask, lps, advantage=(-1) ** i * (0.5 + i / 4)))
+    return out
+
+
+def run_update(overrides, batch, seed=0, lr=0.05):
+    cfg = load_config(None, ["model.path=tiny-random", "trainer.grad_clip=1000000.0", *overrides])
+    torch.manual_seed(0)
+    policy = build_policy(cfg, device="cpu")
+    with torch.no_grad():  # move off the reference so that KL and ratios are not trivially 0 / 1
+        g = torch.Generator().manual_seed(1)
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    opt = torch.optim.SGD(policy.trainable_parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    stats = policy_update(policy, opt, sched, batch, cfg.trainer, temperature=0.9, seed=seed)
+    delta = {n: p.detach() - before[n] for n, p in policy.model.named_parameters() if p.requires_grad}
+    return stats, delta, opt, sched
+
+
+def assert_rel_close(a: float, b: float, rtol: float = 1e-4):
+    assert abs(a - b) <= rtol * max(abs(a), abs(b), 1e-6), (a, b)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("kl", [0.0, 0.3])
+def test_loss_gradients_and_stats_do_not_depend_on_the_micro_batch_budget(aggregation, kl):
+    batch = samples()
+    common = [f"trainer.loss_aggregation={aggregation}", f"trainer.kl_coef={kl}", "trainer.entropy_coef=0.01"]
+    one, d_one, _, _ = run_update([*common, "trainer.micro_batch_tokens=100000"], batch)
+    many, d_many, _, _ = run_update([*common, "trainer.micro_batch_tokens=20"], batch)
+    for key in ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "trained_tokens"):
+        assert_rel_close(one[key], many[key])
+    if kl:
+        assert one["kl"] > 0
+    scale = max(float(d.abs().max()) for d in d_one.values())
+    for name in d_one:
+        torch.testing.assert_close(d_one[name], d_many[name], rtol=1e-4, atol=1e-5 * scale)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 1), min_size=1, max_size=9), min_size=1, max_size=6),
+       st.sampled_from(AGGREGATIONS), st.integers(1, 4))
+def test_aggregation_weights_sum_over_any_split_to_the_batch_aggregate(masks, mode, parts):
+    width = max(len(m) for m in masks)
+    per_token = torch.randn(len(masks), width)
+    padded = torch.zeros(len(masks), width)
+    for i, m in enumerate(masks):
+        padded[i, : len(m)] = torch.tensor(m, dtype=torch.float)
+    expected = aggregate(per_token, padded, mode, norm_length=width)
+    weights = aggregation_weights([torch.tensor(m, dtype=torch.float) for m in masks], mode, norm_length=width)
+    rows = list(range(len(masks)))
+    total = sum(float((per_token[i, : len(masks[i])] * weights[i]).sum())
+                for chunk in (rows[k::parts] for k in range(parts)) for i in chunk)
+    assert abs(total - float(expected)) <= 1e-5 * max(1.0, abs(float(expected)))
+
+
+def test_mini_batches_are_optimizer_steps_over_episodes_and_the_scheduler_counts_them():
+    batch = samples(n=8)
+    stats, _, opt, sched = run_update(["trainer.mini_batches=4", "trainer.ppo_epochs=2",
+                                       "trainer.micro_batch_tokens=100000"], batch)
+    assert stats["updates"] == 8
+    assert sched.last_epoch == 8  # one scheduler step per optimizer step that happened
+
+
+@given(st.integers(1, 40), st.integers(1, 8), st.integers(0, 1000))
+def test_split_episodes_partitions_and_reshuffles_with_the_seed(n, parts, seed):
+    rng = random.Random(seed)
+    first = split_episodes(n, parts, rng)
+    second = split_episodes(n, parts, rng)
+    assert sorted(i for p in first for i in p) == list(range(n))
+    assert len(first) == min(parts, n) and max(map(len, first)) - min(map(len, first)) <= 1
+    assert split_episodes(n, parts, random.Random(seed)) == first  # the run's seed decides
+    if n >= 8 and parts >= 2:
+        again = [split_episodes(n, parts, random.Random(seed)) for _ in range(2)]
+        assert again[0] == again[1]
+        assert isinstance(second, list)
+
+
+def test_epochs_reshuffle_the_episodes():
+    rng = random.Random(0)
+    splits = [split_episodes(16, 4, rng) for _ in range(4)]
+    assert any(s != splits[0] for s in splits[1:])
+
+
+def test_nothing_to_train_is_a_recorded_step_not_a_crash():
+    empty = [to_sample([1, 5], [7, 3], [0, 0], [0.0, 0.0], 1.0)]
+    for batch in ([], empty):
+        stats, delta, _, sched = run_update([], batch)
+        assert stats["updates"] == 0 and stats["loss"] == 0.0 and stats["trained_tokens"] == 0
+        assert sched.last_epoch == 0
+        assert all(float(d.abs().max()) == 0 for d in delta.values())
+
+
+def test_the_entropy_bonus_changes_the_gradient():
+    batch = [to_sample(s.ids[:2], s.ids[2:], s.mask[1:], s.sampler_logprobs[1:], 0.0) for s in samples()]
+    _, without, _, _ = run_update(["trainer.entropy_coef=0.0"], batch)
+    _, with_bonus, _, _ = run_update(["trainer.entropy_coef=0.5"], batch)
+    assert max(float(d.abs().max()) for d in without.values()) == 0  # zero advantages: no policy gradient
+    assert max(float(d.abs().max()) for d in with_bonus.values()) > 0
