@@ -39,14 +39,49 @@ def _can_share(model: torch.nn.Module) -> bool:
     return not (model.training and checkpointing)
 
 
-def _prefix_cache(model, prefix: torch.Tensor, batch: int):
-    """KV cache of ``prefix`` [1, P], repeated to ``batch`` rows (None if the model gives no usable cache)."""
-    out = model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, logits_to_keep=1)
+def _prefix_cache(model, prefix: torch.Tensor, batch: int, head: bool = True):
+    """KV cache of ``prefix`` [1, P], repeated to ``batch`` rows (None if the model gives no usable cache).
+
+    ``head=False``: ``model`` is a decoder body (no lm_head, no ``logits_to_keep``)."""
+    extra = {"logits_to_keep": 1} if head else {}
+    out = model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, **extra)
     cache = getattr(out, "past_key_values", None)
     if cache is None or not hasattr(cache, "batch_repeat_interleave"):
         return None
     cache.batch_repeat_interleave(batch)
     return cache
+
+
+def needed_positions(input_ids: torch.Tensor, needed: torch.Tensor | None) -> torch.Tensor:
+    """Positions t (of 0..T-2) whose next token some row scores (all when ``needed`` is None)."""
+    if needed is None:
+        return torch.arange(input_ids.shape[1] - 1, device=input_ids.device)
+    return needed.bool().any(dim=0).nonzero().squeeze(-1)
+
+
+def _shared_length(model, input_ids, attention_mask, positions) -> int:
+    batch = input_ids.shape[0]
+    if batch == 1 or not _can_share(model):
+        return 0
+    lengths = attention_mask.sum(dim=-1)
+    rows = [input_ids[r, : int(lengths[r])].tolist() for r in range(batch)]
+    shared = min(common_prefix_length(rows), int(positions[0]), int(lengths.min()) - 1)
+    return shared if shared >= MIN_SHARED else 0
+
+
+def _forward_at(model, input_ids, attention_mask, positions, pick, kwargs, head=True):
+    """``pick(model output, kept positions)`` of a forward pass over the batch, sharing its common prefix."""
+    batch, width = input_ids.shape
+    shared = _shared_length(model, input_ids, attention_mask, positions)
+    if shared:
+        cache = _prefix_cache(model, input_ids[:1, :shared], batch, head)
+        if cache is not None:
+            position_ids = torch.arange(shared, width, device=input_ids.device).expand(batch, -1)
+            out = model(input_ids=input_ids[:, shared:], attention_mask=attention_mask, position_ids=position_ids,
+                        past_key_values=cache, use_cache=True, **kwargs(positions - shared))
+            return pick(out, positions - shared)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs(positions))
+    return pick(out, positions)
 
 
 def needed_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -56,29 +91,25 @@ def needed_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     ``input_ids``/``attention_mask`` [B, T] are right-padded; ``needed`` [B, T-1] marks the positions t whose
     next token t+1 is scored (default: all). The shared prefix stops before the first needed position.
     """
-    batch, width = input_ids.shape
-    device = input_ids.device
-    if needed is None:
-        positions = torch.arange(width - 1, device=device)
-    else:
-        positions = needed.bool().any(dim=0).nonzero().squeeze(-1)
+    positions = needed_positions(input_ids, needed)
     if positions.numel() == 0:
-        return input_ids.new_zeros((batch, 0, 0), dtype=torch.float), positions
-    lengths = attention_mask.sum(dim=-1)
-    shared = 0
-    if batch > 1 and _can_share(model):
-        rows = [input_ids[r, : int(lengths[r])].tolist() for r in range(batch)]
-        shared = min(common_prefix_length(rows), int(positions[0]), int(lengths.min()) - 1)
-    if shared >= MIN_SHARED:
-        cache = _prefix_cache(model, input_ids[:1, :shared], batch)
-        if cache is not None:
-            rest = input_ids[:, shared:]
-            position_ids = torch.arange(shared, width, device=device).expand(batch, -1)
-            out = model(input_ids=rest, attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=cache, use_cache=True, logits_to_keep=positions - shared)
-            return out.logits, positions
-    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=positions)
-    return out.logits, positions
+        return input_ids.new_zeros((input_ids.shape[0], 0, 0), dtype=torch.float), positions
+    logits = _forward_at(model, input_ids, attention_mask, positions, lambda out, kept: out.logits,
+                         lambda kept: {"logits_to_keep": kept})
+    return logits, positions
+
+
+def needed_hidden(model: torch.nn.Module, body: torch.nn.Module, input_ids: torch.Tensor,
+                  attention_mask: torch.Tensor, needed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden [B, K, H], positions [K]): the last hidden states (after the final norm) of the causal LM
+    ``model``'s ``body`` (its decoder, without lm_head) at the needed positions; as :func:`needed_logits`,
+    whose logits are ``lm_head(hidden)``. The prefix cache is computed by ``body`` too."""
+    positions = needed_positions(input_ids, needed)
+    if positions.numel() == 0:
+        return input_ids.new_zeros((input_ids.shape[0], 0, 0), dtype=torch.float), positions
+    hidden = _forward_at(body, input_ids, attention_mask, positions,
+                         lambda out, kept: out.last_hidden_state[:, kept], lambda kept: {}, head=False)
+    return hidden, positions
 
 
 def prefill(model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_id: int):

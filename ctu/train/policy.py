@@ -1,49 +1,49 @@
 """The policy: a Hugging Face causal LM, fully fine-tuned or with LoRA adapters (peft).
 
-With LoRA the reference model is the same model with adapters disabled (no second copy);
-with full fine-tuning it is a frozen copy. Every parameter, trainable or frozen, has one dtype
-(bf16 on CUDA, fp32 on CPU) — asserted, because mixed fp32/bf16 parameters break FSDP.
-Weights leave the trainer with plain Hugging Face names (LoRA merged in), as vLLM loads them.
+Precision policy (asserted by :func:`assert_precision_policy`): trainable parameters (LoRA adapters, or
+every weight in full fine-tuning) are fp32 master copies, so their optimizer state is fp32 too; frozen
+weights (the LoRA base, the full-fine-tuning reference) are in the compute dtype ``model.dtype`` (bf16 on
+CUDA). Forwards run under autocast to the compute dtype (:meth:`Policy.compute`, applied by
+:func:`token_logprobs` itself). This is what FSDP2's ``MixedPrecisionPolicy(param_dtype=compute,
+reduce_dtype=float32)`` expresses over fp32 sharded parameters.
+
+With LoRA the reference model is the same model with adapters disabled (no second copy); with full
+fine-tuning it is a frozen copy. :meth:`Policy.rebase_reference` makes the current policy the reference.
+Weights leave the trainer through :mod:`ctu.train.weights` (merged in fp32, cast once).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import re
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 
 from ctu.config import Config
-from ctu.shared_prefix import needed_logits
+from ctu.train.logprobs import COMPUTE_DTYPE_ATTR, compute_context, token_logprobs
+from ctu.train.weights import absorb_lora, export, hf_name, merged_named_tensors
 
-_PEFT_PREFIX = "base_model.model."
+__all__ = ["Policy", "assert_precision_policy", "build_policy", "export", "hf_name", "token_logprobs"]
 
-
-def hf_name(peft_name: str) -> str | None:
-    """A PEFT parameter name as the plain Hugging Face name, or None for adapter-only tensors.
-
-    ``base_model.model.model.layers.0.q_proj.base_layer.weight`` -> ``model.layers.0.q_proj.weight``;
-    ``…lora_A.default.weight`` / ``lora_B`` / ``lora_embedding_*`` / ``lora_magnitude_vector`` -> None.
-    """
-    name = peft_name[len(_PEFT_PREFIX):] if peft_name.startswith(_PEFT_PREFIX) else peft_name
-    if re.search(r"(^|\.)(lora_[AB]|lora_embedding_[AB]|lora_magnitude_vector)(\.|$)", name):
-        return None
-    name = name.replace(".base_layer.", ".")
-    name = re.sub(r"\.modules_to_save\.[^.]+\.", ".", name)
-    name = re.sub(r"\.original_module\.", ".", name)
-    return name
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def assert_uniform_dtype(model: torch.nn.Module) -> torch.dtype:
-    dtypes = {p.dtype for p in model.parameters()}
-    if len(dtypes) != 1:
-        detail = {str(d): [n for n, p in model.named_parameters() if p.dtype == d][:3] for d in dtypes}
-        raise TypeError(f"policy parameters must share one dtype, found {detail}")
-    return dtypes.pop()
+def assert_precision_policy(model: torch.nn.Module, compute_dtype: torch.dtype,
+                            reference: torch.nn.Module | None = None) -> torch.dtype:
+    """Trainable parameters fp32, frozen parameters (and ``reference``'s) in ``compute_dtype``; returns it."""
+    wrong = [f"{n} ({p.dtype}, trainable)" for n, p in model.named_parameters()
+             if p.requires_grad and p.dtype != torch.float32]
+    wrong += [f"{n} ({p.dtype}, frozen)" for n, p in model.named_parameters()
+              if not p.requires_grad and p.dtype != compute_dtype]
+    if reference is not None:
+        wrong += [f"reference {n} ({p.dtype})" for n, p in reference.named_parameters()
+                  if p.dtype != compute_dtype or p.requires_grad]
+    if wrong:
+        raise TypeError(f"precision policy violated (trainable must be float32, frozen {compute_dtype}): "
+                        f"{wrong[:4]}{f' (+{len(wrong) - 4} more)' if len(wrong) > 4 else ''}")
+    return compute_dtype
 
 
 @dataclass
@@ -52,6 +52,8 @@ class Policy:
     tokenizer: object
     lora: bool
     reference: torch.nn.Module | None = None  # full fine-tuning only
+    compute_dtype: torch.dtype = torch.float32
+    _rebased: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # LoRA: base weights changed
 
     @property
     def device(self) -> torch.device:
@@ -59,6 +61,11 @@ class Policy:
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
+
+    def compute(self):
+        """Context for forwards: autocast to the compute dtype over the fp32 master weights (a no-op in fp32).
+        :func:`token_logprobs` enters it itself; wrap any other forward of ``model`` or ``reference``."""
+        return compute_context(self.model)
 
     @contextlib.contextmanager
     def as_reference(self) -> Iterator[torch.nn.Module]:
@@ -69,24 +76,46 @@ class Policy:
         else:
             yield self.reference
 
-    def merged_named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every weight with its Hugging Face name, LoRA deltas merged in (for engines and export)."""
-        if not self.lora:
-            yield from ((n, p.detach()) for n, p in self.model.named_parameters())
+    def merged_named_tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every weight with its Hugging Face name, LoRA deltas merged in fp32, cast once to ``dtype``
+        (None: fp32 where merged or trainable, for the receiver to cast once to its own dtype)."""
+        return merged_named_tensors(self.model, self.lora, dtype)
+
+    def rebase_reference(self) -> None:
+        """Make the current policy the KL reference (after the supervised warm start).
+
+        LoRA: every adapter delta is merged into its frozen base weight (fp32 sum, one cast to the compute
+        dtype) and the adapter reset to the identity (lora_B = 0): outputs are unchanged up to that cast,
+        and ``as_reference()`` now is the current policy. Optimizer state for the adapters is stale
+        afterwards; start a fresh optimizer. Full fine-tuning: the weights are copied into the reference.
+        """
+        if self.lora:
+            self._rebased.update(absorb_lora(self.model))
             return
-        deltas = {}
-        for name, module in self.model.named_modules():
-            if hasattr(module, "lora_A") and hasattr(module, "get_delta_weight") and module.active_adapters:
-                for adapter in module.active_adapters:
-                    if adapter in module.lora_A:
-                        delta = module.get_delta_weight(adapter).detach()
-                        key = hf_name(f"{name}.base_layer.weight")
-                        deltas[key] = deltas.get(key, 0) + delta
-        for name, param in self.model.named_parameters():
-            target = hf_name(name)
-            if target is None:
-                continue
-            yield target, (param.detach() + deltas[target]) if target in deltas else param.detach()
+        with torch.no_grad():
+            ref = dict(self.reference.named_parameters())
+            for name, p in self.model.named_parameters():
+                ref[name].copy_(p.detach().to(ref[name].dtype))
+
+    def reference_state(self) -> dict[str, torch.Tensor]:
+        """What :meth:`rebase_reference` changed, for a checkpoint: the LoRA base weights it rewrote
+        (PEFT names; empty if never rebased), or every reference weight (full fine-tuning)."""
+        if self.lora:
+            return {n: t.clone() for n, t in self._rebased.items()}
+        return {n: p.detach().cpu().clone() for n, p in self.reference.named_parameters()}
+
+    def load_reference_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore :meth:`reference_state` into a freshly built policy (before loading the adapter)."""
+        target = self.model if self.lora else self.reference
+        params = dict(target.named_parameters())
+        unknown = [n for n in state if n not in params]
+        if unknown:
+            raise KeyError(f"reference state names the model does not have: {unknown[:5]}")
+        with torch.no_grad():
+            for name, tensor in state.items():
+                params[name].copy_(tensor.to(device=params[name].device, dtype=params[name].dtype))
+        if self.lora:
+            self._rebased.update({n: t.detach().cpu().clone() for n, t in state.items()})
 
 
 def build_policy(config: Config, device: str | None = None) -> Policy:
@@ -94,8 +123,11 @@ def build_policy(config: Config, device: str | None = None) -> Policy:
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(config.model.dtype)
-    model = load_model(config.model.path, dtype=dtype, device=device)
+    compute = DTYPES.get(config.model.dtype) or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    # LoRA: the frozen base in the compute dtype. Full fine-tuning: fp32 master weights (loaded in fp32, so
+    # an fp32 checkpoint loses nothing), the frozen reference cast to the compute dtype.
+    model = load_model(config.model.path, dtype=compute if config.lora.enabled else torch.float32, device=device)
+    setattr(model, COMPUTE_DTYPE_ATTR, compute)
     tokenizer = load_tokenizer(config.model.path)
     if config.trainer.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -112,64 +144,14 @@ def build_policy(config: Config, device: str | None = None) -> Policy:
                                                  task_type="CAUSAL_LM"))
         if config.trainer.gradient_checkpointing:
             model.enable_input_require_grads()
-        dtype_now = next(p.dtype for p in model.parameters() if not p.requires_grad)
-        for p in model.parameters():  # adapters start in fp32 under peft: one dtype for everything
-            if p.dtype != dtype_now:
-                p.data = p.data.to(dtype_now)
-        policy = Policy(model, tokenizer, lora=True)
+        for p in model.parameters():  # fp32 master adapters (peft's default; made explicit)
+            if p.requires_grad and p.dtype != torch.float32:
+                p.data = p.data.float()
+        policy = Policy(model, tokenizer, lora=True, compute_dtype=compute)
     else:
-        reference = copy.deepcopy(model).eval()
+        reference = copy.deepcopy(model).to(compute).eval()
         for p in reference.parameters():
             p.requires_grad_(False)
-        policy = Policy(model, tokenizer, lora=False, reference=reference)
-    assert_uniform_dtype(policy.model)
+        policy = Policy(model, tokenizer, lora=False, reference=reference, compute_dtype=compute)
+    assert_precision_policy(policy.model, compute, policy.reference)
     return policy
-
-
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, with_entropy: bool = False, needed: torch.Tensor | None = None):
-    """Logprobs of each next token (positions 1..T-1) under ``logits / temperature``; optional entropy.
-
-    ``needed`` [B, T-1] (e.g. the loss mask) limits the work to the positions some row scores; positions no
-    row scores come back as 0. The batch's shared prefix is computed once (:mod:`ctu.shared_prefix`).
-    """
-    batch, width = input_ids.shape
-    logits, positions = needed_logits(model, input_ids, attention_mask, needed)
-    out = torch.zeros((batch, width - 1), device=input_ids.device)
-    entropy_out = torch.zeros((batch, width - 1), device=input_ids.device) if with_entropy else None
-    if positions.numel() == 0:
-        return out, entropy_out
-    logits = logits.float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    chosen = logp.gather(-1, input_ids[:, positions + 1, None]).squeeze(-1)
-    out = out.index_copy(1, positions, chosen)
-    if not with_entropy:
-        return out, None
-    with torch.no_grad():
-        entropy_out = entropy_out.index_copy(1, positions, -(logp.exp() * logp).sum(-1))
-    return out, entropy_out
-
-
-def export(policy: Policy, out_dir: str | Path, base_path: str) -> dict[str, str]:
-    """Write the merged Hugging Face model (and, with LoRA, the PEFT adapter) under ``out_dir``."""
-    from transformers import AutoModelForCausalLM
-
-    from ctu.models import resolve_model
-
-    out = Path(out_dir)
-    paths = {}
-    if policy.lora:
-        policy.model.save_pretrained(out / "adapter")
-        paths["adapter"] = str(out / "adapter")
-    merged = AutoModelForCausalLM.from_pretrained(resolve_model(base_path), dtype=torch.float32)
-    state = {name: tensor.to(torch.float32).cpu() for name, tensor in policy.merged_named_tensors()}
-    missing, unexpected = merged.load_state_dict(state, strict=False)
-    if unexpected or [m for m in missing if "lm_head" not in m]:
-        raise RuntimeError(f"export name mismatch: missing={missing[:5]} unexpected={unexpected[:5]}")
-    merged.tie_weights()
-    merged.save_pretrained(out / "merged")
-    policy.tokenizer.save_pretrained(out / "merged")
-    paths["merged"] = str(out / "merged")
-    return paths

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from ctu.config import load_config
 from ctu.train.checkpoint import list_checkpoints, load_checkpoint, resolve_resume, save_checkpoint
-from ctu.train.policy import assert_uniform_dtype, build_policy, hf_name
+from ctu.train.policy import assert_precision_policy, build_policy, hf_name
 
 segment = st.from_regex(r"[a-z_][a-z0-9_]{0,8}|[0-9]{1,2}", fullmatch=True).filter(
     lambda s: s not in {"lora_A", "lora_B", "base_layer", "modules_to_save"})
@@ -25,9 +25,9 @@ def test_peft_names_map_back_to_hf_names(name):
     assert hf_name(f"base_model.model.{module}.modules_to_save.default.{leaf}") == name
 
 
-def test_lora_policy_has_one_dtype_and_merged_names_are_plain(tmp_path):
+def test_lora_policy_keeps_the_precision_policy_and_merged_names_are_plain(tmp_path):
     policy = build_policy(load_config(None, ["model.path=tiny-random"]), device="cpu")
-    assert assert_uniform_dtype(policy.model) == torch.float32
+    assert assert_precision_policy(policy.model, torch.float32) == torch.float32
     names = dict(policy.merged_named_tensors())
     from ctu.models import load_model
 
@@ -41,9 +41,12 @@ def test_lora_policy_has_one_dtype_and_merged_names_are_plain(tmp_path):
     q = next(n for n in merged if n.endswith("q_proj.weight"))
     assert not torch.equal(merged[q], names[q])
     mixed = torch.nn.Linear(2, 2)
-    mixed.bias.data = mixed.bias.data.to(torch.bfloat16)
-    with pytest.raises(TypeError, match="one dtype"):
-        assert_uniform_dtype(mixed)
+    mixed.bias.data = mixed.bias.data.to(torch.bfloat16)  # a trainable parameter that is not fp32
+    with pytest.raises(TypeError, match="precision policy"):
+        assert_precision_policy(mixed, torch.bfloat16)
+    frozen = torch.nn.Linear(2, 2).requires_grad_(False)  # frozen fp32 under a bf16 compute dtype
+    with pytest.raises(TypeError, match="frozen"):
+        assert_precision_policy(frozen, torch.bfloat16)
 
 
 def test_checkpoints_are_atomic_and_resume_skips_partial_writes(tmp_path):

@@ -1,0 +1,105 @@
+"""Next-token logprobs and entropy with bounded logit memory.
+
+The decoder body runs once (sharing the batch's common prefix, :mod:`ctu.shared_prefix`) and gives the
+last hidden states at the scored positions; then, a chunk of positions at a time, lm_head -> float ->
+/ temperature -> log_softmax -> gather (and entropy). No full fp32 [rows, positions, vocab] tensor ever
+exists: at most one chunk's [rows, chunk, vocab]. With gradients enabled each chunk is wrapped in
+``torch.utils.checkpoint``, so backward saves only the chunk's hidden states and recomputes its logits.
+
+Forwards run under the model's compute context (autocast to ``model.dtype`` over fp32 master weights,
+see :func:`compute_context`), so callers need not wrap them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ctu.shared_prefix import needed_hidden, needed_logits
+
+LOGIT_BUDGET = 1 << 25  # fp32 logit elements per chunk (128 MiB), unless ``chunk`` says otherwise
+COMPUTE_DTYPE_ATTR = "ctu_compute_dtype"
+
+
+def compute_context(model: torch.nn.Module):
+    """Autocast to the model's compute dtype when it has one below fp32 (set by ``build_policy``)."""
+    dtype = getattr(model, COMPUTE_DTYPE_ATTR, None)
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    device = next(model.parameters()).device.type
+    return torch.autocast(device_type=device, dtype=dtype)
+
+
+def body_and_head(model: torch.nn.Module):
+    """(decoder body, lm_head) of a Hugging Face causal LM or a PEFT model around one; (None, None) if the
+    model is not of that standard shape (then the full model computes the logits)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base.config, "final_logit_softcapping", None) or getattr(base.config, "logit_scale", None):
+        return None, None
+    try:
+        body, head = base.get_decoder(), base.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None, None
+    if body is None or head is None or body is base:
+        return None, None
+    return body, head
+
+
+def _chunk_fn(head, temperature: float, with_entropy: bool):
+    def fn(hidden: torch.Tensor, targets: torch.Tensor):
+        logits = hidden if head is None else head(hidden)
+        logits = logits.float()
+        if temperature > 0 and temperature != 1.0:
+            logits = logits / temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen = logp.gather(-1, targets[..., None]).squeeze(-1)
+        if not with_entropy:
+            return chosen, None
+        return chosen, -(logp.exp() * logp).sum(-1)
+    return fn
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float = 1.0, with_entropy: bool = False, needed: torch.Tensor | None = None,
+                   chunk: int | None = None, entropy_grad: bool = True):
+    """Logprobs of each next token (positions 1..T-1) under ``logits / temperature``; optional entropy.
+
+    Returns (logprobs [B, T-1], entropy [B, T-1] or None). ``needed`` [B, T-1] (e.g. the loss mask) limits
+    the work to the positions some row scores; positions no row scores come back as 0. ``chunk``: positions
+    per lm_head chunk (default: as many as fit ``LOGIT_BUDGET`` fp32 logits). The entropy carries a
+    gradient when gradients are enabled (``entropy_grad=False`` detaches it), so an entropy bonus in the
+    loss changes the gradient.
+    """
+    batch, width = input_ids.shape
+    device = input_ids.device
+    out = torch.zeros((batch, width - 1), device=device)
+    entropy_out = torch.zeros((batch, width - 1), device=device) if with_entropy else None
+    body, head = body_and_head(model)
+    with compute_context(model):
+        if body is not None:
+            states, positions = needed_hidden(model, body, input_ids, attention_mask, needed)
+        else:  # a model of another shape: full logits at the needed positions
+            states, positions = needed_logits(model, input_ids, attention_mask, needed)
+        if positions.numel() == 0:
+            return out, entropy_out
+        vocab = head.out_features if head is not None and hasattr(head, "out_features") else states.shape[-1]
+        size = chunk if chunk and chunk > 0 else max(1, LOGIT_BUDGET // max(1, batch * vocab))
+        fn = _chunk_fn(head, temperature, with_entropy)
+        targets = input_ids[:, positions + 1]
+        grad = torch.is_grad_enabled()
+        chosen_parts, entropy_parts = [], []
+        for start in range(0, positions.numel(), size):
+            h, t = states[:, start:start + size], targets[:, start:start + size]
+            if grad:
+                chosen, ent = checkpoint(fn, h, t, use_reentrant=False)
+            else:
+                chosen, ent = fn(h, t)
+            chosen_parts.append(chosen)
+            if with_entropy:
+                entropy_parts.append(ent if entropy_grad else ent.detach())
+    out = out.index_copy(1, positions, torch.cat(chosen_parts, dim=1).to(out.dtype))
+    if with_entropy:
+        entropy_out = entropy_out.index_copy(1, positions, torch.cat(entropy_parts, dim=1).to(out.dtype))
+    return out, entropy_out

@@ -1,0 +1,119 @@
+"""Weights leaving (or re-entering) the trainer: names, LoRA merging, export, what a sync sends.
+
+Weights leave the trainer with plain Hugging Face names, as vLLM and ``from_pretrained`` load them.
+LoRA deltas are merged in fp32 (the base weight cast up, plus the fp32 delta of the fp32 adapters) and
+cast once, to the receiver's dtype: merging in bf16 would round away the small updates that the fp32
+master adapters carry (a bf16 weight near 0.02 has a spacing of ~1e-4; a step at lr 3e-7 is far below it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+_PEFT_PREFIX = "base_model.model."
+
+
+def hf_name(peft_name: str) -> str | None:
+    """A PEFT parameter name as the plain Hugging Face name, or None for adapter-only tensors.
+
+    ``base_model.model.model.layers.0.q_proj.base_layer.weight`` -> ``model.layers.0.q_proj.weight``;
+    ``…lora_A.default.weight`` / ``lora_B`` / ``lora_embedding_*`` / ``lora_magnitude_vector`` -> None.
+    """
+    name = peft_name[len(_PEFT_PREFIX):] if peft_name.startswith(_PEFT_PREFIX) else peft_name
+    if re.search(r"(^|\.)(lora_[AB]|lora_embedding_[AB]|lora_magnitude_vector)(\.|$)", name):
+        return None
+    name = name.replace(".base_layer.", ".")
+    name = re.sub(r"\.modules_to_save\.[^.]+\.", ".", name)
+    name = re.sub(r"\.original_module\.", ".", name)
+    return name
+
+
+def lora_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    """(module name, module) of every LoRA layer with an active adapter."""
+    for name, module in model.named_modules():
+        if hasattr(module, "lora_A") and hasattr(module, "get_delta_weight") and module.active_adapters:
+            yield name, module
+
+
+def lora_deltas(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """fp32 delta weight per base-layer parameter (PEFT name), summed over the active adapters."""
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in lora_modules(model):
+        for adapter in module.active_adapters:
+            if adapter in module.lora_A:
+                delta = module.get_delta_weight(adapter).detach().to(torch.float32)
+                key = f"{name}.base_layer.weight"
+                deltas[key] = deltas[key] + delta if key in deltas else delta
+    return deltas
+
+
+def merged_named_tensors(model: torch.nn.Module, lora: bool,
+                         dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every weight with its Hugging Face name, LoRA deltas merged in fp32, then cast once to ``dtype``.
+
+    ``dtype=None`` sends fp32 for merged (and fp32 master) weights and frozen weights as stored: the
+    receiver casts once to its own dtype (``HFEngine.update_weights`` / vLLM ``load_weights`` do).
+    """
+    if not lora:
+        for name, p in model.named_parameters():
+            yield name, p.detach() if dtype is None else p.detach().to(dtype)
+        return
+    with torch.no_grad():
+        deltas = lora_deltas(model)
+        for name, param in model.named_parameters():
+            target = hf_name(name)
+            if target is None:
+                continue
+            if name in deltas:
+                tensor = param.detach().to(torch.float32) + deltas[name]
+            else:
+                tensor = param.detach()
+            yield target, tensor if dtype is None else tensor.to(dtype)
+
+
+def absorb_lora(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Merge every active LoRA delta into its frozen base weight (fp32 sum, one cast to the base's dtype)
+    and reset the adapter to the identity (lora_B = 0). Returns the changed base weights by PEFT name."""
+    changed: dict[str, torch.Tensor] = {}
+    deltas = lora_deltas(model)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, delta in deltas.items():
+            base = params[name]
+            base.copy_((base.to(torch.float32) + delta).to(base.dtype))
+            changed[name] = base.detach().cpu().clone()
+        for _, module in lora_modules(model):
+            for adapter in module.active_adapters:
+                if adapter in module.lora_B:
+                    module.lora_B[adapter].weight.zero_()
+                    bias = getattr(module.lora_B[adapter], "bias", None)
+                    if bias is not None:
+                        bias.zero_()
+    return changed
+
+
+def export(policy, out_dir: str | Path, base_path: str) -> dict[str, str]:
+    """Write the merged Hugging Face model in fp32 (and, with LoRA, the PEFT adapter) under ``out_dir``."""
+    from transformers import AutoModelForCausalLM
+
+    from ctu.models import resolve_model
+
+    out = Path(out_dir)
+    paths = {}
+    if policy.lora:
+        policy.model.save_pretrained(out / "adapter")
+        paths["adapter"] = str(out / "adapter")
+    merged = AutoModelForCausalLM.from_pretrained(resolve_model(base_path), dtype=torch.float32)
+    state = {name: tensor.cpu() for name, tensor in policy.merged_named_tensors(dtype=torch.float32)}
+    missing, unexpected = merged.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if "lm_head" not in m]:
+        raise RuntimeError(f"export name mismatch: missing={missing[:5]} unexpected={unexpected[:5]}")
+    merged.tie_weights()
+    merged.save_pretrained(out / "merged")
+    policy.tokenizer.save_pretrained(out / "merged")
+    paths["merged"] = str(out / "merged")
+    return paths
