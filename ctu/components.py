@@ -33,7 +33,10 @@ def build_engine(config: Config, model=None, tokenizer=None):
         return make_engine("remote", base_url=config.engine.base_url, model=config.model.path,
                            api_key_env=config.engine.api_key_env)
     return make_engine("vllm", model_path=config.model.path,
-                       gpu_memory_utilization=config.engine.gpu_memory_utilization, seed=config.run.seed)
+                       gpu_memory_utilization=config.engine.gpu_memory_utilization, seed=config.run.seed,
+                       max_model_len=config.env.max_context_tokens, enable_lora=config.engine.weight_sync == "adapter",
+                       max_lora_rank=config.lora.rank, sampling_temperature=config.sampling.temperature,
+                       sampling_top_p=config.sampling.top_p)
 
 
 def build_user(config: Config) -> UserSimulator:

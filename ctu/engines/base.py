@@ -56,7 +56,15 @@ class Completion:
 
 
 class Engine(ABC):
-    """Generates from token-id prompts; can take new weights from the trainer."""
+    """Generates from token-id prompts; can take new weights from the trainer.
+
+    Sampler logprobs have one meaning for every engine: the trainer's, ``log_softmax(logits / temperature)``
+    of the sampled token taken *before* top-k/top-p truncation (plain ``log_softmax`` when temperature is 0).
+    ``accepts_weights`` is False for engines that cannot take weights from this process (remote): they can
+    serve evaluation, not training.
+    """
+
+    accepts_weights: bool = True
 
     @abstractmethod
     async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:

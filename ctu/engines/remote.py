@@ -4,6 +4,13 @@ Prompts are sent as token ids; completions come back as token ids with per-token
 (vLLM's ``return_tokens_as_token_ids`` gives tokens as ``"token_id:123"``). Retries with
 exponential backoff on 429/5xx/timeouts/connection errors, honouring ``Retry-After``; the
 error after the last attempt names the URL, status and attempts, never the API key.
+
+Logprobs: a vLLM server returns, for ``logprobs=1``, the sampled token's value under the server's
+``--logprobs-mode`` (a server-wide setting, not a request field; vllm/v1/sample/sampler.py): the default
+``raw_logprobs`` is ``log_softmax`` of the logits before temperature and top-p, which is ctu's sampler
+logprob only at temperature 1 (or 0); ``processed_logprobs`` is exact at top_p == 1. This engine cannot
+take weights from the trainer (``accepts_weights = False``): it serves evaluation, and training with
+``engine.kind=remote`` must be rejected at config time.
 """
 
 from __future__ import annotations
@@ -46,7 +53,9 @@ def parse_choice(choice: dict[str, Any]) -> Completion:
 
 
 class RemoteEngine(Engine):
-    """Generation on an OpenAI-compatible completions server."""
+    """Generation on an OpenAI-compatible completions server (evaluation only: it takes no weights)."""
+
+    accepts_weights = False
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", max_retries: int = 4,
                  timeout: float = 300.0, concurrency: int = 64, backoff_initial: float = 0.5, backoff_max: float = 8.0,

@@ -1,25 +1,49 @@
-"""A fake ``vllm`` module mirroring the parts of vLLM 0.33's offline API that ctu uses.
+"""A fake ``vllm`` module that behaves like vLLM's offline API, with its own generation loop.
 
-Same names and keyword arguments as the real ones (``LLM``, ``SamplingParams``, ``TokensPrompt``,
-``RequestOutput``, ``CompletionOutput``, ``Logprob``); unknown keywords are rejected like the
-real constructors do. It is backed by a tiny Hugging Face model, so outputs are real tokens,
-and its model exposes ``load_weights(weights=...)`` that, like vLLM's, accepts only the
-model's own (Hugging Face) parameter names.
+It does not use ctu's HFEngine: it runs a tiny Hugging Face model step by step and reproduces the
+vLLM behaviours ctu depends on, each taken from vLLM's source (github vllm-project/vllm):
+
+- ``vllm/entrypoints/llm.py``: ``LLM(model, **engine_args)`` (unknown engine args raise);
+  ``generate(prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None, ...)``;
+  ``sleep(level=1)`` (resets the prefix cache, then sleeps the engine); ``wake_up(tags=None)``;
+  ``reset_prefix_cache(...) -> bool``; ``apply_model(func) -> list`` (``func(model)`` per worker);
+  ``collective_rpc(method, timeout=None, args=(), kwargs=None) -> list``.
+- ``vllm/v1/sample/sampler.py`` and ``vllm/v1/sample/ops/topk_topp_sampler.py``: ``raw_logprobs`` /
+  ``raw_logits`` are taken from the float32 logits *before* penalties and temperature; greedy rows
+  (temperature < 1e-5) return ``processed_*`` from the unscaled logits; random rows divide by the
+  temperature, apply top-k/top-p (``apply_top_k_top_p``: sort ascending, mask where the cumulative
+  probability ``<= 1 - p``, always keep the largest) and *then* take ``processed_logprobs`` as
+  ``log_softmax`` of the masked logits, i.e. renormalised over the kept tokens. Sampling is
+  ``argmax(probs / q)`` with ``q ~ Exp(1)`` drawn from the request's seeded generator.
+- ``vllm/v1/core/kv_cache_utils.py``: prefix caching hashes only *full* blocks (16 tokens), each
+  block hash chained on its parent's hash and the block's token ids plus extra keys (the LoRA
+  name). A hit reuses the stored KV, computed with whatever weights were loaded then: after
+  ``load_weights`` the cache serves stale KV until ``reset_prefix_cache()``. As in vLLM, the last
+  prompt token is always recomputed.
+- ``vllm/lora/request.py``: ``LoRARequest(lora_name, lora_int_id, lora_path)``; adapters are cached
+  by ``lora_int_id`` (vllm/lora/worker_manager.py), so re-using an id with new weights serves the old
+  adapter.
+- Sleep (``vllm/v1/worker/gpu_worker.py``): level 1 offloads weights and discards the KV cache;
+  level 2 discards weights too. Generating, or loading weights, while asleep fails here (on a GPU the
+  memory is unmapped).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import math
+import os
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import torch
 
-from ctu.engines.base import SamplingParams as CtuParams
-from ctu.engines.hf import HFEngine
-
+BLOCK_SIZE = 16
 LLM_KWARGS = {"dtype", "seed", "gpu_memory_utilization", "enable_sleep_mode", "logprobs_mode", "tensor_parallel_size",
-              "max_model_len", "enforce_eager", "tokenizer", "trust_remote_code"}
+              "max_model_len", "enforce_eager", "tokenizer", "trust_remote_code", "enable_lora", "max_lora_rank",
+              "max_loras", "enable_prefix_caching"}
 LOGPROBS_MODES = ("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")
+_SAMPLING_EPS = 1e-5
 
 
 @dataclass
@@ -43,11 +67,23 @@ class SamplingParams:
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
     max_tokens: int | None = 16
     logprobs: int | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+
+
+@dataclass
+class LoRARequest:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+
+    def __post_init__(self):
+        if self.lora_int_id < 1:
+            raise ValueError(f"id must be > 0, got {self.lora_int_id}")
 
 
 @dataclass
@@ -71,32 +107,66 @@ class RequestOutput:
     finished: bool = True
 
 
-class _Model(torch.nn.Module):
-    """What ``apply_model`` hands over: the model, with vLLM's ``load_weights`` method."""
+def apply_top_k_top_p(logits: torch.Tensor, k: int, p: float) -> torch.Tensor:
+    """vLLM's ``apply_top_k_top_p`` for one row batch [B, V]."""
+    if k <= 0 and p >= 1.0:
+        return logits
+    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
+    if k > 0:
+        kth = logits_sort[:, -min(k, logits_sort.shape[-1])][:, None]
+        logits_sort = logits_sort.masked_fill(logits_sort < kth, -float("inf"))
+    if p < 1.0:
+        probs_sum = logits_sort.softmax(dim=-1).cumsum(dim=-1)
+        mask = probs_sum <= 1 - p
+        mask[:, -1] = False
+        logits_sort = logits_sort.masked_fill(mask, -float("inf"))
+    return logits_sort.scatter(dim=-1, index=logits_idx, src=logits_sort)
 
-    def __init__(self, hf_model):
+
+class _Model(torch.nn.Module):
+    """What ``apply_model`` hands over: the model, with vLLM's ``load_weights(weights)``."""
+
+    def __init__(self, hf_model, llm: LLM):
         super().__init__()
         self.hf = hf_model
+        self._llm = llm
         self.loaded: list[str] = []
 
     def load_weights(self, weights):
+        if self._llm.sleep_level is not None:
+            raise RuntimeError("weights are offloaded while the engine sleeps: call wake_up() before load_weights")
         params = dict(self.hf.named_parameters())
         loaded = set()
         for name, tensor in weights:
             if name not in params:  # vLLM raises KeyError on names the model does not have
                 raise KeyError(name)
             with torch.no_grad():
-                params[name].copy_(tensor)
+                params[name].copy_(torch.as_tensor(tensor).to(params[name].dtype))
             loaded.add(name)
         self.loaded.extend(sorted(loaded))
         return loaded
 
 
-@dataclass
-class LLM:
-    model: str
-    _kwargs: dict = field(default_factory=dict)
+class _Worker:
+    def __init__(self, model):
+        self.model_runner = type("ModelRunner", (), {"model": model})()
 
+
+def _kv_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))
+
+
+def install(monkeypatch) -> None:
+    """Make ``import vllm`` and ``from vllm.lora.request import LoRARequest`` find this module."""
+    import sys
+
+    for name in ("vllm", "vllm.lora", "vllm.lora.request"):
+        monkeypatch.setitem(sys.modules, name, sys.modules[__name__])
+
+
+class LLM:
     def __init__(self, model: str, **kwargs):
         unknown = set(kwargs) - LLM_KWARGS
         if unknown:
@@ -107,43 +177,197 @@ class LLM:
 
         self.model = model
         self.kwargs = kwargs
-        self._engine = HFEngine(load_model(model), load_tokenizer(model))
-        self._model = _Model(self._engine.model)
-        self.sleep_level = None
+        self.logprobs_mode = kwargs.get("logprobs_mode", "raw_logprobs")
+        self.hf = load_model(model).eval()
+        self.tokenizer = load_tokenizer(model)
+        self.eos_id = self.tokenizer.eos_token_id
+        self.max_model_len = kwargs.get("max_model_len") or self.hf.config.max_position_embeddings
+        self._model = _Model(self.hf, self)
+        self._generator = torch.Generator().manual_seed(int(kwargs.get("seed", 0)))
+        self.prefix_cache: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.cache_hits = 0  # blocks served from the prefix cache
+        self.loras: dict[int, dict[str, torch.Tensor]] = {}  # lora_int_id -> {module name: delta W}
+        self.sleep_level: int | None = None
         self.calls = 0
 
-    def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
-                 tokenization_kwargs=None, mm_processor_kwargs=None):
-        if self.sleep_level is not None:
-            raise RuntimeError("engine is sleeping")
-        params = sampling_params or SamplingParams()
-        prompts = prompts if isinstance(prompts, list) else [prompts]
-        ids = [p["prompt_token_ids"] for p in prompts]
-        stop = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
-        ours = CtuParams(temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_tokens or 16,
-                         stop=tuple(stop), stop_token_ids=tuple(params.stop_token_ids or ()), n=params.n,
-                         seed=params.seed)
-        results = self._engine.generate_sync(ids, ours)
-        self.calls += 1
-        outputs = []
-        for r, (prompt, completions) in enumerate(zip(ids, results, strict=True)):
-            outs = [CompletionOutput(index=i, text="", token_ids=list(c.token_ids),
-                                     cumulative_logprob=sum(c.logprobs) if params.logprobs is not None else None,
-                                     logprobs=[{t: Logprob(lp, 1)} for t, lp in zip(c.token_ids, c.logprobs, strict=True)]
-                                     if params.logprobs is not None else None,
-                                     finish_reason=c.finish_reason)
-                    for i, c in enumerate(completions)]
-            outputs.append(RequestOutput(str(r), None, list(prompt), None, outs))
-        return outputs
+    # -- control ------------------------------------------------------------------------------------------------
 
-    def sleep(self, level: int = 1, mode: str = "abort"):
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        self.prefix_cache.clear()
+        return True
+
+    def sleep(self, level: int = 1):
         if not self.kwargs.get("enable_sleep_mode"):
-            raise RuntimeError("Sleep mode is not enabled in the model config")
+            raise ValueError("Sleep mode is not enabled in the model config")
+        self.reset_prefix_cache()
+        if level >= 2:
+            with torch.no_grad():
+                for p in self.hf.parameters():
+                    p.zero_()  # discarded, not offloaded: wake_up gives back garbage until weights are reloaded
         self.sleep_level = level
 
-    def wake_up(self, tags: list[str] | None = None) -> bool:
+    def wake_up(self, tags: list[str] | None = None):
         self.sleep_level = None
-        return True
 
     def apply_model(self, func):
         return [func(self._model)]
+
+    def collective_rpc(self, method, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None):
+        worker = _Worker(self._model)
+        fn = getattr(worker, method) if isinstance(method, str) else (lambda *a, **k: method(worker, *a, **k))
+        return [fn(*args, **(kwargs or {}))]
+
+    # -- LoRA -----------------------------------------------------------------------------------------------------
+
+    def _lora_deltas(self, request: LoRARequest) -> dict[str, torch.Tensor]:
+        if not self.kwargs.get("enable_lora"):
+            raise ValueError(f"LoRA is not enabled, but a LoRA request was given: {request.lora_name}")
+        if request.lora_int_id in self.loras:  # cached by id: a reused id is not reloaded
+            return self.loras[request.lora_int_id]
+        from safetensors.torch import load_file
+
+        with open(os.path.join(request.lora_path, "adapter_config.json")) as f:
+            config = json.load(f)
+        rank, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
+        if rank > int(self.kwargs.get("max_lora_rank", 16)):
+            raise ValueError(f"LoRA rank {rank} is greater than max_lora_rank {self.kwargs.get('max_lora_rank', 16)}")
+        tensors = load_file(os.path.join(request.lora_path, "adapter_model.safetensors"))
+        deltas = {}
+        for name, a in tensors.items():
+            if ".lora_A." not in name:
+                continue
+            b = tensors[name.replace(".lora_A.", ".lora_B.")]
+            module = name.split(".lora_A.")[0].removeprefix("base_model.model.")
+            deltas[module + ".weight"] = (b.float() @ a.float()) * (alpha / rank)
+        params = dict(self.hf.named_parameters())
+        missing = [m for m in deltas if m not in params]
+        if missing:
+            raise ValueError(f"LoRA targets modules the model does not have: {missing[:3]}")
+        self.loras[request.lora_int_id] = deltas
+        return deltas
+
+    # -- generation ----------------------------------------------------------------------------------------------
+
+    def _block_hashes(self, ids: list[int], extra: tuple) -> list[int]:
+        hashes, parent = [], None
+        for start in range(0, len(ids) - len(ids) % BLOCK_SIZE, BLOCK_SIZE):
+            parent = hash((parent, tuple(ids[start:start + BLOCK_SIZE]), extra or None))
+            hashes.append(parent)
+        return hashes
+
+    def _prefill(self, prompt: list[int], extra: tuple):
+        """KV for the prompt, its cached full blocks reused (never the last token, as vLLM)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        hashes = self._block_hashes(prompt[:-1], extra)
+        hit = 0
+        for h in hashes:
+            if h not in self.prefix_cache:
+                break
+            hit += 1
+        if hit:
+            for layer, _ in enumerate(self.prefix_cache[hashes[0]]):
+                keys = torch.cat([self.prefix_cache[h][layer][0] for h in hashes[:hit]], dim=2)
+                values = torch.cat([self.prefix_cache[h][layer][1] for h in hashes[:hit]], dim=2)
+                cache.update(keys, values, layer)
+            self.cache_hits += hit
+        start = hit * BLOCK_SIZE
+        out = self.hf(input_ids=torch.tensor([prompt[start:]]), position_ids=torch.arange(start, len(prompt))[None],
+                      past_key_values=cache, use_cache=True)
+        return out.logits[0, -1].float(), out.past_key_values
+
+    def _store_blocks(self, ids: list[int], cache, extra: tuple) -> None:
+        layers = _kv_layers(cache)
+        for i, h in enumerate(self._block_hashes(ids, extra)):
+            if h not in self.prefix_cache:
+                sl = slice(i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE)
+                self.prefix_cache[h] = [(k[:, :, sl].clone(), v[:, :, sl].clone()) for k, v in layers]
+
+    def _step_logprobs(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):
+        """(token, the value vLLM reports for it under ``logprobs_mode``, rank) — vLLM's v1 Sampler order."""
+        mode = self.logprobs_mode
+        raw = logits.float()[None]
+        reported = {"raw_logprobs": raw.log_softmax(-1), "raw_logits": raw.clone()}.get(mode)
+        if params.temperature < _SAMPLING_EPS:
+            token = int(raw.argmax(-1))
+            if mode == "processed_logprobs":
+                reported = raw.log_softmax(-1)
+            elif mode == "processed_logits":
+                reported = raw
+        else:
+            scaled = apply_top_k_top_p(raw / params.temperature, params.top_k, params.top_p)
+            if mode == "processed_logprobs":
+                reported = scaled.log_softmax(-1)
+            elif mode == "processed_logits":
+                reported = scaled
+            probs = scaled.softmax(-1)
+            q = torch.empty_like(probs).exponential_(generator=generator)
+            token = int((probs / q).argmax(-1))
+        value = reported[0, token]
+        return token, float(value), int((reported[0] > value).sum()) + 1
+
+    def _generate_one(self, prompt: list[int], params: SamplingParams, generator, extra: tuple):
+        logits, cache = self._prefill(prompt, extra)
+        stops = set(params.stop_token_ids or ()) | (set() if params.ignore_eos else {self.eos_id})
+        stop_strings = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
+        ids, lps, reason = [], [], "length"
+        limit = min(params.max_tokens or 16, self.max_model_len - len(prompt))
+        for _ in range(limit):
+            token, value, rank = self._step_logprobs(logits, params, generator)
+            ids.append(token)
+            lps.append((value, rank))
+            if token in stops:
+                reason = "stop"
+                break
+            if stop_strings and any(s in self.tokenizer.decode(ids) for s in stop_strings):
+                reason = "stop"
+                break
+            if len(ids) == limit:
+                break
+            pos = len(prompt) + len(ids) - 1
+            out = self.hf(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]), past_key_values=cache,
+                          use_cache=True)
+            cache, logits = out.past_key_values, out.logits[0, -1].float()
+        self._store_blocks(prompt + ids[:-1], cache, extra)  # the last token's KV was never computed
+        return ids, lps, reason
+
+    @torch.inference_mode()
+    def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
+                 tokenization_kwargs=None):
+        if self.sleep_level is not None:
+            raise RuntimeError("the engine is sleeping: call wake_up() first")
+        params = sampling_params or SamplingParams()
+        prompts = prompts if isinstance(prompts, list) else [prompts]
+        requests = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        outputs = []
+        for r, (prompt, lora) in enumerate(zip(prompts, requests, strict=True)):
+            ids = list(prompt["prompt_token_ids"])
+            if len(ids) > self.max_model_len:
+                raise ValueError(f"The decoder prompt (length {len(ids)}) is longer than the maximum model length "
+                                 f"of {self.max_model_len}.")
+            extra = (lora.lora_name,) if lora is not None else ()
+            deltas = self._lora_deltas(lora) if lora is not None else {}
+            params_by_name = dict(self.hf.named_parameters())
+            saved = {name: params_by_name[name].detach().clone() for name in deltas}
+            for name, delta in deltas.items():
+                params_by_name[name].add_(delta.to(params_by_name[name].dtype))
+            try:
+                outs = []
+                for i in range(params.n):
+                    if params.seed is not None:  # vLLM's parallel sampling: child i gets seed + i
+                        generator = torch.Generator().manual_seed(params.seed + i)
+                    else:
+                        generator = self._generator
+                    tokens, lps, reason = self._generate_one(ids, params, generator, extra)
+                    logprobs = [{t: Logprob(v, rk)} for t, (v, rk) in zip(tokens, lps, strict=True)]
+                    outs.append(CompletionOutput(
+                        index=i, text="", token_ids=tokens,
+                        cumulative_logprob=math.fsum(v for v, _ in lps) if params.logprobs is not None else None,
+                        logprobs=logprobs if params.logprobs is not None else None, finish_reason=reason))
+            finally:
+                for name, value in saved.items():
+                    params_by_name[name].copy_(value)
+            outputs.append(RequestOutput(str(r), None, ids, None, outs))
+        self.calls += 1
+        return outputs
