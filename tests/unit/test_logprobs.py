@@ -88,7 +88,7 @@ class LargestFloat(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.dim() and t.shape[-1] == VOCAB:
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.dim() >= 3 and t.shape[-1] == VOCAB:
                 self.largest = max(self.largest, t.numel())
         return out
 
