@@ -85,3 +85,22 @@ def test_update_weights_changes_outputs_and_refuses_peft_names(engine):
     finally:
         engine.update_weights([(name, saved)])
     assert gen(engine, PROMPTS, temperature=0.0, max_tokens=5) == before
+
+
+def test_logprobs_are_taken_before_top_p_truncation(engine):
+    """With top_p < 1 the logprob is log_softmax(logits / T), not the renormalised truncated distribution's."""
+    temperature, top_p = 0.7, 0.3
+    out = gen(engine, PROMPTS, temperature=temperature, top_p=top_p, max_tokens=5, seed=11)
+    for prompt, (c,) in zip(PROMPTS, out, strict=True):
+        ids = torch.tensor([prompt + list(c.token_ids)], device=engine.model.device)
+        with torch.no_grad():
+            logits = engine.model(ids).logits[0, len(prompt) - 1:-1].float().cpu() / temperature
+        chosen = torch.tensor(c.token_ids)[:, None]
+        full = torch.log_softmax(logits, -1).gather(-1, chosen).squeeze(-1)
+        probs = torch.softmax(logits, -1)
+        sorted_probs, order = probs.sort(-1, descending=True)
+        kept = torch.zeros_like(probs).scatter(-1, order, (sorted_probs.cumsum(-1) - sorted_probs <= top_p).float())
+        truncated = torch.log(probs * kept / (probs * kept).sum(-1, keepdim=True)).gather(-1, chosen).squeeze(-1)
+        assert bool(kept.gather(-1, chosen).all())  # every sampled token lies inside the top-p set
+        torch.testing.assert_close(torch.tensor(c.logprobs), full, rtol=1e-4, atol=0)
+        assert ((truncated - full) > 0.5).all()  # the truncated distribution would be ~log(1/0.3) higher
