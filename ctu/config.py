@@ -102,6 +102,7 @@ class JudgeConfig:
 class RunConfig:
     dir: str = "runs/default"
     seed: int = 0
+    overwrite: bool = False  # train: replace another run's checkpoints/metrics in run.dir (else refused)
 
 
 @dataclass
@@ -138,6 +139,7 @@ class TrainerConfig:
     kl_in_reward: bool = False
     tis_cap: float | None = None  # truncated importance weights for sampler/trainer mismatch
     dynamic_sampling: bool = False
+    dynamic_sampling_max_draws: int = 4  # extra rollout rounds to fill tasks_per_step informative groups
     entropy_coef: float = 0.0
     gradient_checkpointing: bool = False
     sft_steps: int = 0  # supervised warm start on gold demonstrations (train split) before RL
@@ -236,7 +238,50 @@ class Config:
             problems.append(f"trainer.resume: '{t.resume}' is neither 'latest' nor a checkpoint directory")
         if config.lora.rank < 1:
             problems.append(f"lora.rank: must be >= 1, got {config.lora.rank}")
+        problems += _update_problems(config)
         return problems
+
+
+def _update_problems(config: Config) -> list[str]:
+    """Values that would otherwise fail (or silently misbehave) inside the first update, after a full rollout."""
+    t, e, out = config.trainer, config.engine, []
+    if not 0 <= t.clip_low < 1:
+        out.append(f"trainer.clip_low: must be in [0, 1) (the ratio's lower bound is 1 - clip_low), got {t.clip_low}")
+    if t.clip_high < 0:
+        out.append(f"trainer.clip_high: must be >= 0, got {t.clip_high}")
+    if t.dual_clip is not None and t.dual_clip <= 1:
+        out.append(f"trainer.dual_clip: must be > 1 (or null), got {t.dual_clip}")
+    if t.tis_cap is not None and t.tis_cap <= 0:
+        out.append(f"trainer.tis_cap: must be > 0 (or null): a cap <= 0 flips or zeroes the policy gradient, got {t.tis_cap}")
+    non_negative = {"trainer.warmup_steps": t.warmup_steps, "trainer.kl_coef": t.kl_coef,
+                    "trainer.entropy_coef": t.entropy_coef, "trainer.weight_decay": t.weight_decay,
+                    "trainer.sft_steps": t.sft_steps, "trainer.eval_interval": t.eval_interval,
+                    "trainer.examples_count": t.examples_count,
+                    "trainer.dynamic_sampling_max_draws": t.dynamic_sampling_max_draws}
+    out += [f"{k}: must be >= 0, got {v}" for k, v in non_negative.items() if v < 0]
+    positive = {"trainer.grad_clip": t.grad_clip, "trainer.sft_lr": t.sft_lr, "trainer.sft_batch_size": t.sft_batch_size,
+                "trainer.examples_interval": t.examples_interval, "lora.alpha": config.lora.alpha,
+                "engine.parity_tolerance": e.parity_tolerance, "engine.parity_probe_tokens": e.parity_probe_tokens}
+    out += [f"{k}: must be > 0, got {v}" for k, v in positive.items() if v <= 0]
+    if not 0 <= config.lora.dropout < 1:
+        out.append(f"lora.dropout: must be in [0, 1), got {config.lora.dropout}")
+    if not 0 < e.gpu_memory_utilization <= 1:
+        out.append(f"engine.gpu_memory_utilization: must be in (0, 1], got {e.gpu_memory_utilization}")
+    if config.filters.max_assistant_tokens is not None and config.filters.max_assistant_tokens < 1:
+        out.append(f"filters.max_assistant_tokens: must be >= 1 (or null), got {config.filters.max_assistant_tokens}")
+    if e.weight_sync == "adapter" and (e.kind != "vllm" or not config.lora.enabled):
+        out.append("engine.weight_sync: 'adapter' needs engine.kind=vllm and lora.enabled=true")
+    return out
+
+
+def training_problems(config: Config) -> list[str]:
+    """What ``ctu train`` cannot do with an otherwise valid config (checked before any model is loaded)."""
+    out = []
+    if config.engine.kind == "remote":
+        out.append("engine.kind: 'remote' cannot be trained: ctu cannot push weights into a remote server, so every "
+                   "step after the first would sample from stale weights; use engine.kind=hf or vllm for training "
+                   "(remote serves ctu eval)")
+    return out
 
 
 # ------------------------------------------------------------------------------------

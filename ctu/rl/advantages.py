@@ -75,3 +75,23 @@ def compute_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[
         return ESTIMATORS[name](rewards, group_ids)
     except KeyError:
         raise ValueError(f"unknown advantage estimator '{name}' (known: {', '.join(ESTIMATORS)})") from None
+
+
+def scored_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[Hashable],
+                      errored: Sequence[bool]) -> dict[int, float]:
+    """Advantages of the episodes that can be trained on: {episode index: advantage}.
+
+    Errored episodes are left out *before* the group statistics (they have no reward, not reward 0), and a
+    group with fewer than two scored episodes has no baseline, so it contributes nothing.
+    """
+    if not len(rewards) == len(group_ids) == len(errored):
+        raise ValueError(f"{len(rewards)} rewards, {len(group_ids)} group ids, {len(errored)} error flags")
+    scored = [i for i, bad in enumerate(errored) if not bad]
+    sizes: dict[Hashable, int] = defaultdict(int)
+    for i in scored:
+        sizes[group_ids[i]] += 1
+    usable = [i for i in scored if sizes[group_ids[i]] >= 2]
+    if not usable:
+        return {}
+    adv = compute_advantages(name, [rewards[i] for i in usable], [group_ids[i] for i in usable])
+    return dict(zip(usable, adv.tolist(), strict=True))

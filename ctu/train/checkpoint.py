@@ -40,13 +40,15 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(root: str | Path, step: int, *, model, optimizer, scheduler, extra: dict[str, Any],
-                    keep: int = 2) -> Path:
+                    keep: int = 2, reference: dict[str, torch.Tensor] | None = None) -> Path:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step}-", dir=root))
     try:
         torch.save(trainable_state(model), tmp / "trainable.pt")
+        if reference is not None:  # what the warm start made the KL reference
+            torch.save(reference, tmp / "reference.pt")
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
                     "extra": extra}, tmp / "state.pt")
         (tmp / COMPLETE).write_text(json.dumps({"step": step}))
@@ -55,9 +57,35 @@ def save_checkpoint(root: str | Path, step: int, *, model, optimizer, scheduler,
         os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    for old in list_checkpoints(root)[:-keep]:
+    others = [c for c in list_checkpoints(root) if c != final]  # the one just written is always kept
+    for old in others[: max(0, len(others) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def load_reference(path: str | Path) -> dict[str, torch.Tensor] | None:
+    """The KL reference state a checkpoint stored (after a warm start), or None."""
+    file = Path(path) / "reference.pt"
+    return torch.load(file, map_location="cpu", weights_only=True) if file.is_file() else None
+
+
+def clean_stale(root: str | Path) -> list[Path]:
+    """Remove ``.tmp-step_*`` directories left by a run killed while writing a checkpoint."""
+    root = Path(root)
+    stale = sorted(root.glob(".tmp-step_*")) if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def previous_run(run_dir: str | Path) -> str | None:
+    """What another run left in ``run_dir`` (checkpoints, metrics), described in a few words, or None."""
+    run_dir = Path(run_dir)
+    found = [p.name for p in list_checkpoints(run_dir / "checkpoints")]
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.append("metrics.jsonl")
+    return ", ".join(found) if found else None
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:

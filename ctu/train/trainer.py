@@ -17,18 +17,19 @@ from pathlib import Path
 import torch
 
 from ctu import components as build
-from ctu.config import Config, save_config, to_dict
-from ctu.env import AgentTurn, Episode, ToolCall
+from ctu.config import Config, ConfigError, save_config, to_dict, training_problems
 from ctu.evaluate import episode_specs, write_report
 from ctu.metrics import distribution, mean
-from ctu.rl.advantages import compute_advantages, informative_groups
+from ctu.rl.advantages import informative_groups, scored_advantages
 from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
 from ctu.rollout import EpisodeSpec, RolloutLimits, Trajectory, rollout
 from ctu.tracking import Tracker
-from ctu.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from ctu.train.checkpoint import (clean_stale, load_checkpoint, load_reference, previous_run, resolve_resume,
+                                  save_checkpoint)
+from ctu.train.demos import gold_samples
 from ctu.train.policy import build_policy, export
-from ctu.train.update import Sample, policy_update, sequence_kl, sft_update, to_sample
-from ctu.users.scripted import ScriptedUser
+from ctu.train.sync import WeightSync
+from ctu.train.update import policy_update, sequence_kl, sft_update, to_sample
 
 
 @dataclass(frozen=True)
@@ -72,36 +73,27 @@ def _schedule(cfg, total_steps: int):
     return factor
 
 
-def gold_samples(chat, domain, tasks) -> list[Sample]:
-    """Token sequences of gold demonstrations (for the supervised warm start), built like rollouts."""
-    samples = []
-    for task in tasks:
-        episode = Episode(domain, task, ScriptedUser().start(domain, task), max_turns=len(task.actions) + 2)
-        messages = asyncio.run(episode.reset())
-        ids = chat.prompt_ids(messages, domain.openai_tools())
-        response, mask = [], []
-        final = (f"The order status is {', '.join(task.communicate_info)}." if task.communicate_info
-                 else "Done, your request is complete.")
-        turns = [AgentTurn(tool_calls=(ToolCall(a.name, dict(a.arguments)),)) for a in task.actions]
-        for turn in [*turns, AgentTurn(content=final)]:
-            msg = {"role": "assistant", "content": turn.content,
-                   "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                  for c in turn.tool_calls]}
-            generated = chat.encode(chat.render_assistant_text(msg))
-            response += generated
-            mask += [1] * len(generated)
-            result = asyncio.run(episode.step(turn))
-            if episode.done:
-                break
-            observation = chat.observation_ids(result.observations)
-            response += observation
-            mask += [0] * len(observation)
-        samples.append(to_sample(ids, response, mask, [0.0] * len(mask), 0.0))
-    return samples
+def prepare_run_dir(config: Config) -> None:
+    """Refuse a ``run.dir`` that holds another run, unless told to resume it or to overwrite it."""
+    run_dir = Path(config.run.dir)
+    found = previous_run(run_dir)
+    if found is None or config.trainer.resume is not None:
+        return
+    if not config.run.overwrite:
+        raise ConfigError(f"run.dir: {run_dir} holds another run ({found}); continue it with trainer.resume=latest, "
+                          "replace it with run.overwrite=true, or choose another run.dir")
+    import shutil
+
+    for name in ("checkpoints", "eval", "examples", "export"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
 
 class Trainer:
     def __init__(self, config: Config):
+        for problem in training_problems(config):  # before any model is loaded
+            raise ConfigError(problem)
+        prepare_run_dir(config)
         self.config = config
         self.run_dir = Path(config.run.dir)
         torch.manual_seed(config.run.seed)
@@ -111,7 +103,8 @@ class Trainer:
         kind = config.engine.kind
         self.engine = build.build_engine(config, model=self.policy.model if kind == "hf" else None,
                                          tokenizer=self.policy.tokenizer)
-        self.shares_model = kind == "hf"
+        self.sync = WeightSync(config, self.policy, self.engine)
+        self.rebased = False  # the KL reference is the warm-started policy (stored in checkpoints)
         self.domains = build.build_domains(config)
         self.user = build.build_user(config)
         self.judge = build.build_judge(config)
@@ -157,55 +150,84 @@ class Trainer:
             r + b for r, b in zip(env, asyncio.run(self.shaper.bonuses(trajectories)), strict=True))
         return TrainingRewards(env, shaped)
 
-    def sync_weights(self) -> None:
-        if not self.shares_model:
-            self.engine.update_weights(self.policy.merged_named_tensors())
+    def sync_weights(self) -> dict[str, float]:
+        return self.sync.after_update(self.step)
 
     # -- the loop --------------------------------------------------------------------------
+    def collect(self) -> tuple[list[Trajectory], list[str], TrainingRewards, set[str], int]:
+        """Rollouts for one step: (trajectories, their group ids, rewards, the groups to train on, extra draws).
+
+        With dynamic sampling, groups whose rewards are all equal carry no signal: further groups are drawn
+        until ``tasks_per_step`` groups are informative or ``dynamic_sampling_max_draws`` extra draws are
+        spent; the first ``tasks_per_step`` informative groups are trained on. Every episode drawn is kept
+        for the step's metrics."""
+        t = self.config.trainer
+        trajectories: list[Trajectory] = []
+        groups: list[str] = []
+        env: list[float] = []
+        shaped: list[float] = []
+        needed, draws = t.tasks_per_step, 0
+        while True:
+            picks = self.sampler.sample(needed)
+            specs = [EpisodeSpec(d, task, s) for d, task in picks for s in range(t.samples_per_task)]
+            seed = self.config.run.seed * 1_000_003 + self.step * 7919 + draws * 104_729
+            batch = self._rollout(specs, self.config.sampling.temperature, seed=seed)
+            rewards = self.rewards(batch)
+            trajectories += batch
+            groups += [f"{tr.domain}/{tr.task_id}/{draws}.{i // t.samples_per_task}" for i, tr in enumerate(batch)]
+            env += rewards.env
+            shaped += rewards.shaped
+            if not t.dynamic_sampling:
+                return trajectories, groups, TrainingRewards(tuple(env), tuple(shaped)), set(groups), draws
+            scored = [i for i, tr in enumerate(trajectories) if tr.stop_reason != "error"]
+            informative = {groups[scored[j]] for j in informative_groups([shaped[i] for i in scored],
+                                                                          [groups[i] for i in scored])}
+            if len(informative) >= t.tasks_per_step or draws >= t.dynamic_sampling_max_draws:
+                chosen = set(sorted(informative, key=groups.index)[: t.tasks_per_step])
+                return trajectories, groups, TrainingRewards(tuple(env), tuple(shaped)), chosen, draws
+            needed, draws = t.tasks_per_step - len(informative), draws + 1
+
     def train_step(self) -> dict:
         t = self.config.trainer
         started = time.perf_counter()
-        picks = self.sampler.sample(t.tasks_per_step)
-        specs = [EpisodeSpec(d, task, s) for d, task in picks for s in range(t.samples_per_task)]
-        trajectories = self._rollout(specs, self.config.sampling.temperature, seed=self.config.run.seed * 1_000_003
-                                     + self.step * 7919)
+        trajectories, groups, rewards, chosen, draws = self.collect()
         rollout_s = time.perf_counter() - started
-        rewards = self.rewards(trajectories)
-        groups = [f"{tr.domain}/{tr.task_id}/{i // t.samples_per_task}" for i, tr in enumerate(trajectories)]
+        excluded = [tr.stop_reason == "error" or g not in chosen for tr, g in zip(trajectories, groups, strict=True)]
         kl_penalties = [0.0] * len(trajectories)
         if t.kl_coef > 0 and t.kl_in_reward:  # KL in the reward: r - kl_coef * KL(episode)
             every = [to_sample(tr.prompt_ids, tr.response_ids, tr.loss_mask, tr.logprobs, 0.0) for tr in trajectories]
             kl_penalties = [t.kl_coef * k for k in sequence_kl(self.policy, every, t, self.config.sampling.temperature)]
             rewards = TrainingRewards(rewards.env, tuple(r - k for r, k in zip(rewards.shaped, kl_penalties, strict=True)))
-        advantages = compute_advantages(t.advantage, rewards.shaped, groups)
-        keep = [i for i, tr in enumerate(trajectories) if tr.stop_reason != "error"]
-        if t.dynamic_sampling:
-            informative = set(informative_groups(rewards.shaped, groups))
-            keep = [i for i in keep if i in informative]
+        advantages = scored_advantages(t.advantage, rewards.shaped, groups, excluded)  # out before baselines
         mask_length = self.config.filters.mask_length_stop
         samples = [to_sample(trajectories[i].prompt_ids, trajectories[i].response_ids,
                              filter_loss_mask(trajectories[i].loss_mask, trajectories[i].stop_reason,
                                               mask_length_stop=mask_length),
-                             trajectories[i].logprobs, float(advantages[i])) for i in keep]
+                             trajectories[i].logprobs, advantage) for i, advantage in sorted(advantages.items())]
         samples = [s for s in samples if any(s.mask)]
         update_started = time.perf_counter()
-        stats = policy_update(self.policy, self.optimizer, self.scheduler, samples, t, self.config.sampling.temperature)
-        self.sync_weights()
+        self.sync.before_update()
+        stats = policy_update(self.policy, self.optimizer, self.scheduler, samples, t, self.config.sampling.temperature,
+                              seed=self.config.run.seed * 1_000_003 + self.step)
+        sync = self.sync_weights()
+        sync_s = sync.pop("seconds")
         tokens = sum(sum(tr.loss_mask) for tr in trajectories)
         scored = [tr for tr in trajectories if tr.stop_reason != "error"]
         metrics = {
             "rollout": {"reward": mean(tr.reward for tr in scored), "success": mean(float(tr.success) for tr in scored),
                         "shaped_reward": mean(rewards.shaped), "kl_penalty": mean(kl_penalties),
-                        "errored": len(trajectories) - len(scored),
+                        "errored": len(trajectories) - len(scored), "episodes": len(trajectories),
                         "parse_failure_rate": sum(tr.parse_failures for tr in scored) / max(1, sum(tr.turns for tr in scored)),
                         "turns": mean(tr.turns for tr in scored), "response_tokens": mean(sum(tr.loss_mask) for tr in scored),
                         "stop_reasons": distribution(tr.stop_reason for tr in trajectories),
-                        "trained_episodes": len(samples)},
+                        "trained_episodes": len(samples), "trained_groups": len({groups[i] for i in advantages}),
+                        "dynamic_extra_draws": draws},
             "per_domain": {d.name: {"reward": mean(tr.reward for tr in scored if tr.domain == d.name),
                                     "success": mean(float(tr.success) for tr in scored if tr.domain == d.name)}
                            for d in self.domains},
             "train": {**stats, "lr": self.scheduler.get_last_lr()[0]},
-            "timing": {"rollout_s": rollout_s, "update_s": time.perf_counter() - update_started,
+            "sync": sync,
+            "timing": {"rollout_s": rollout_s, "update_s": time.perf_counter() - update_started, "sync_s": sync_s,
                        "step_s": time.perf_counter() - started,
                        "tokens_per_s": tokens / max(1e-9, time.perf_counter() - started)},
         }
@@ -227,6 +249,8 @@ class Trainer:
             batch = rng.sample(demos, min(len(demos), t.sft_batch_size))
             loss = sft_update(self.policy, optimizer, batch, t.micro_batch_tokens)
             bar.set_postfix(loss=f"{loss:.3f}")
+        self.policy.rebase_reference()  # the KL reference is now the warm-started policy
+        self.rebased = True
         self.sync_weights()
         return loss
 
@@ -234,8 +258,13 @@ class Trainer:
         cfg, t = self.config, self.config.trainer
         save_config(cfg, self.run_dir / "config.yaml")
         ckpt_root = self.run_dir / "checkpoints"
+        clean_stale(ckpt_root)
         resume_from = resolve_resume(ckpt_root, t.resume)
         if resume_from is not None:
+            reference = load_reference(resume_from)
+            if reference is not None:
+                self.policy.load_reference_state(reference)
+                self.rebased = True
             self.step, extra = load_checkpoint(resume_from, model=self.policy.model, optimizer=self.optimizer,
                                                scheduler=self.scheduler)
             self.sampler.set_state(extra["sampler"])
@@ -272,7 +301,8 @@ class Trainer:
                 if self.step % t.ckpt_interval == 0 or self.step == t.max_steps:
                     save_checkpoint(ckpt_root, self.step, model=self.policy.model, optimizer=self.optimizer,
                                     scheduler=self.scheduler, extra={"sampler": self.sampler.state()},
-                                    keep=t.keep_checkpoints)
+                                    keep=t.keep_checkpoints,
+                                    reference=self.policy.reference_state() if self.rebased else None)
                 bar.set_postfix(reward=f"{metrics['rollout']['reward']:.2f}", loss=f"{metrics['train']['loss']:.3f}")
                 bar.update()
             bar.close()

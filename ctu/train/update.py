@@ -195,7 +195,7 @@ def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[
         width = b["mask"].shape[1]
         old_b = _pad([old[i] for i in idx], width, device)
         logp, entropy = token_logprobs(policy.model, b["ids"], b["attn"], temperature, with_entropy=True,
-                                       needed=b["mask"])
+                                       needed=b["mask"], entropy_grad=cfg.entropy_coef > 0)
         tis = truncated_importance_weights(old_b, b["sampler"], cfg.tis_cap) if cfg.tis_cap else None
         per_token, clipped = ppo_clip_per_token(logp, old_b, b["adv"], clip_low=cfg.clip_low,
                                                 clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, token_weights=tis)

@@ -150,3 +150,23 @@ def test_micro_batches_cover_every_sample_once_within_budget(lengths, budget):
     assert [i for b in batches for i in b] == list(range(len(lengths)))
     for b in batches:
         assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= budget
+
+
+@given(grouped_rewards(), st.lists(st.booleans(), min_size=30, max_size=30), st.sampled_from(["grpo", "dr_grpo", "rloo"]))
+def test_errored_episodes_leave_the_baseline_and_lone_groups_contribute_nothing(data, flags, name):
+    from ctu.rl.advantages import scored_advantages
+
+    rewards, groups = data
+    errored = flags[: len(rewards)]
+    poisoned = [(-100.0 if bad else r) for r, bad in zip(rewards, errored, strict=True)]  # an errored reward is noise
+    adv = scored_advantages(name, poisoned, groups, errored)
+    assert not any(errored[i] for i in adv)
+    clean = [i for i in range(len(rewards)) if not errored[i]]
+    for g in set(groups):
+        members = [i for i in clean if groups[i] == g]
+        if len(members) < 2:
+            assert not any(i in adv for i in members)
+        else:
+            expected = compute_advantages(name, [rewards[i] for i in members], [g] * len(members))
+            for i, e in zip(members, expected.tolist(), strict=True):
+                assert abs(adv[i] - e) <= 1e-4 * max(1.0, abs(e))

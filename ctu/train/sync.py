@@ -1,0 +1,61 @@
+"""Trainer -> engine weight sync, and the parity probe that proves the engine uses the new weights.
+
+Order around an update (what vLLM needs when it shares the GPU with the trainer): ``before_update`` puts a
+colocated engine to sleep (frees its KV cache and weights); ``after_update`` wakes it, sends the new
+weights (merged Hugging Face tensors, or the LoRA adapter under a new id per version), and then scores a
+fixed probe with the engine and with the trainer. The largest per-token logprob difference is logged as
+``sync/logprob_max_abs_diff``; above ``engine.parity_tolerance`` the run stops with a clear error.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ctu.config import Config
+from ctu.engines.parity import check_parity, probe_parity
+from ctu.train.logprobs import token_logprobs
+
+
+class WeightSync:
+    def __init__(self, config: Config, policy, engine):
+        self.config = config
+        self.policy = policy
+        self.engine = engine
+        self.shares_model = getattr(engine, "model", None) is policy.model
+        self.version = -1
+
+    def before_update(self) -> None:
+        if self.config.engine.colocated:
+            self.engine.sleep()
+
+    def _score(self, ids: torch.Tensor, attn: torch.Tensor, temperature: float) -> torch.Tensor:
+        """The trainer's teacher-forced logprobs of ``ids[:, 1:]`` (eval mode, no gradient)."""
+        model = self.policy.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                device = self.policy.device
+                return token_logprobs(model, ids.to(device), attn.to(device), temperature)[0]
+        finally:
+            model.train(was_training)
+
+    def after_update(self, version: int) -> dict[str, float]:
+        """Wake, send the weights of policy ``version`` (the global step), probe parity; this sync's metrics
+        (``seconds`` belongs with the step's timings, the rest is deterministic)."""
+        started = time.perf_counter()
+        self.engine.wake_up()
+        self.version = version
+        if not self.shares_model:
+            if self.config.engine.weight_sync == "adapter":
+                self.engine.update_adapter(self.policy.adapter_named_tensors(), self.version)
+            else:
+                self.engine.update_weights(self.policy.merged_named_tensors())
+        sent = time.perf_counter() - started
+        diff = probe_parity(self.engine, self._score, temperature=self.config.sampling.temperature,
+                            tokens=self.config.engine.parity_probe_tokens, seed=self.config.run.seed)
+        check_parity(diff, self.config.engine.parity_tolerance)
+        return {"logprob_max_abs_diff": diff, "version": float(self.version),
+                "seconds": time.perf_counter() - started}
