@@ -53,7 +53,6 @@ class WeightSync:
                 self.engine.update_adapter(self.policy.adapter_named_tensors(), self.version)
             else:
                 self.engine.update_weights(self.policy.merged_named_tensors())
-        sent = time.perf_counter() - started
         diff = probe_parity(self.engine, self._score, temperature=self.config.sampling.temperature,
                             tokens=self.config.engine.parity_probe_tokens, seed=self.config.run.seed)
         check_parity(diff, self.config.engine.parity_tolerance)

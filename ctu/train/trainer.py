@@ -24,8 +24,14 @@ from ctu.rl.advantages import informative_groups, scored_advantages
 from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
 from ctu.rollout import EpisodeSpec, RolloutLimits, Trajectory, rollout
 from ctu.tracking import Tracker
-from ctu.train.checkpoint import (clean_stale, load_checkpoint, load_reference, previous_run, resolve_resume,
-                                  save_checkpoint)
+from ctu.train.checkpoint import (
+    clean_stale,
+    load_checkpoint,
+    load_reference,
+    previous_run,
+    resolve_resume,
+    save_checkpoint,
+)
 from ctu.train.demos import gold_samples
 from ctu.train.policy import build_policy, export
 from ctu.train.sync import WeightSync
