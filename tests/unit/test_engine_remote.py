@@ -85,3 +85,14 @@ def test_update_weights_is_refused_clearly(monkeypatch):
     eng, _ = engine(monkeypatch)
     with pytest.raises(NotImplementedError, match="reload the server"):
         eng.update_weights([])
+
+
+def test_remote_engine_takes_no_weights_so_it_cannot_train(monkeypatch):
+    eng, _ = engine(monkeypatch)
+    assert eng.accepts_weights is False and RemoteEngine.accepts_weights is False
+    from ctu.engines.hf import HFEngine
+    from ctu.engines.vllm import VLLMEngine
+
+    assert HFEngine.accepts_weights and VLLMEngine.accepts_weights
+    with pytest.raises(NotImplementedError, match="cannot take tensors"):
+        eng.update_weights([("w", 0)])
