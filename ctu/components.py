@@ -35,7 +35,7 @@ def build_engine(config: Config, model=None, tokenizer=None):
     return make_engine("vllm", model_path=config.model.path,
                        gpu_memory_utilization=config.engine.gpu_memory_utilization, seed=config.run.seed,
                        max_model_len=config.env.max_context_tokens, enable_lora=config.engine.weight_sync == "adapter",
-                       max_lora_rank=config.lora.rank, sampling_temperature=config.sampling.temperature,
+                       max_lora_rank=config.lora.rank, lora_alpha=config.lora.alpha, sampling_temperature=config.sampling.temperature,
                        sampling_top_p=config.sampling.top_p)
 
 

@@ -88,12 +88,13 @@ def logprobs_exact(mode: str, params: SamplingParams) -> bool:
 class VLLMEngine(Engine):
     def __init__(self, model_path: str, gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = True,
                  dtype: str = "bfloat16", seed: int = 0, max_model_len: int | None = None, enable_lora: bool = False,
-                 max_lora_rank: int = 16, sampling_temperature: float | None = None,
+                 max_lora_rank: int = 16, lora_alpha: float | None = None, sampling_temperature: float | None = None,
                  sampling_top_p: float | None = None, **llm_kwargs):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         import vllm
 
         self._vllm = vllm
+        self.lora_alpha = lora_alpha
         self.logprobs_mode = choose_logprobs_mode(sampling_temperature, sampling_top_p)
         if max_model_len is not None:
             llm_kwargs["max_model_len"] = int(max_model_len)
@@ -161,13 +162,14 @@ class VLLMEngine(Engine):
             self.llm.apply_model(partial(_load, weights))
             self._reset_prefix_cache()
 
-    def update_adapter(self, adapter: str | os.PathLike | Mapping[str, object], version: int,
-                       peft_config: Mapping[str, object] | None = None) -> None:
+    def update_adapter(self, adapter: str | os.PathLike | Mapping[str, object] | Iterable[tuple[str, object]],
+                       version: int, peft_config: Mapping[str, object] | None = None) -> None:
         """Adapter-only sync: serve LoRA ``adapter`` as version ``version`` (a new LoRA id per version).
 
-        ``adapter`` is a PEFT adapter directory, or PEFT-named tensors (``base_model.model....lora_A.weight``)
-        with ``peft_config`` (at least ``r``, ``lora_alpha``, ``target_modules``), written to a directory here.
-        Every later ``generate`` passes this adapter's ``LoRARequest``.
+        ``adapter`` is a PEFT adapter directory, or PEFT-named tensors (a mapping or ``(name, tensor)`` pairs,
+        ``base_model.model.<module>.lora_A[.default].weight``), written to a PEFT directory here with
+        ``peft_config`` or, without it, ``r`` and ``target_modules`` read from the tensors and ``lora_alpha``
+        from the constructor. Every later ``generate`` passes this adapter's ``LoRARequest``.
         """
         lora_id = int(version) + 1  # vLLM ids must be > 0
         if lora_id in self._lora_ids:
@@ -183,10 +185,17 @@ class VLLMEngine(Engine):
             self._lora_ids.add(lora_id)
             self._reset_prefix_cache()
 
-    def _write_adapter(self, tensors: Mapping[str, object], version: int, peft_config) -> str:
-        if not peft_config:
-            raise ValueError("update_adapter with tensors needs peft_config (r, lora_alpha, target_modules)")
+    def _write_adapter(self, adapter, version: int, peft_config) -> str:
         from safetensors.torch import save_file
+
+        items = adapter.items() if isinstance(adapter, Mapping) else adapter
+        tensors = {name.replace(".default.", "."): tensor for name, tensor in items}
+        if not peft_config:
+            a = [(n, t) for n, t in tensors.items() if ".lora_A." in n]
+            if not a or self.lora_alpha is None:
+                raise ValueError("update_adapter needs lora_A/lora_B tensors and lora_alpha (constructor) or peft_config")
+            peft_config = {"r": int(a[0][1].shape[0]), "lora_alpha": self.lora_alpha,
+                           "target_modules": sorted({n.split(".lora_A.")[0].rsplit(".", 1)[-1] for n, _ in a})}
 
         if self._adapter_root is None:
             self._adapter_root = tempfile.TemporaryDirectory(prefix="ctu-lora-")

@@ -87,10 +87,11 @@ def test_build_engine_passes_context_budget_lora_and_sampling(monkeypatch):
     fake_vllm.install(monkeypatch)
     config = load_config(None, ["engine.kind=vllm", "model.path=tiny-random", "env.max_context_tokens=1536",
                                 "engine.weight_sync=adapter", "lora.rank=8", "sampling.temperature=1.0",
-                                "sampling.top_p=0.9"])
+                                "sampling.top_p=0.9", "lora.alpha=24"])
     kwargs = build_engine(config).llm.kwargs
     assert kwargs["max_model_len"] == 1536 and kwargs["enable_lora"] is True and kwargs["max_lora_rank"] == 8
     assert kwargs["logprobs_mode"] == "raw_logprobs"
+    assert build_engine(config).lora_alpha == 24
 
 
 def test_the_fakes_processed_logprobs_are_renormalised_after_top_p_like_vllms(monkeypatch):
@@ -163,11 +164,14 @@ def merged_model(base, deltas):
 
 
 def test_adapter_sync_uses_a_new_lora_id_per_version(monkeypatch, tmp_path):
-    engine = make(monkeypatch, enable_lora=True, max_lora_rank=8)
+    engine = make(monkeypatch, enable_lora=True, max_lora_rank=8, lora_alpha=8)
     base = engine.llm.hf
     for version in (0, 1):
         tensors, config, deltas = peft_adapter(base, seed=version)
-        engine.update_adapter(tensors, version=version, peft_config=config)
+        if version == 0:  # (name, tensor) pairs with PEFT's ".default" adapter name; rank and modules inferred
+            engine.update_adapter([(k.replace(".weight", ".default.weight"), v) for k, v in tensors.items()], version)
+        else:
+            engine.update_adapter(tensors, version=version, peft_config=config)
         assert engine.lora_request.lora_int_id == version + 1
         (c,) = gen(engine, [PROMPT], temperature=0.7, max_tokens=4, seed=1)[0]
         assert_close(c.logprobs, teacher_forced(merged_model(base, deltas), PROMPT, c, 0.7))
