@@ -38,8 +38,9 @@ def probe_parity(engine: Engine, score_fn: ScoreFn, prompt_ids: Sequence[int] = 
     the probe always has ``tokens`` tokens (unless the engine stops early on its own EOS).
     """
     params = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=tokens, seed=seed)
-    result = engine.generate(list(map(list, [prompt_ids])), params)
-    (completion,) = (asyncio.run(result) if asyncio.iscoroutine(result) else result)[0]
+    prompts = [list(prompt_ids)]
+    sync = getattr(engine, "generate_sync", None)  # usable from inside a running event loop
+    (completion,) = (sync(prompts, params) if sync is not None else asyncio.run(engine.generate(prompts, params)))[0]
     if not completion.token_ids:
         raise ParityError("the engine returned no tokens for the parity probe")
     ids = torch.tensor([list(prompt_ids) + list(completion.token_ids)])
