@@ -43,7 +43,7 @@ def main() -> None:
 
     from ctu.config import load_config
     from ctu.models import smollm2_tokenizer_dir
-    from ctu.train.policy import assert_uniform_dtype, build_policy
+    from ctu.train.policy import assert_precision_policy, build_policy
     from ctu.train.trainer import _schedule
     from ctu.train.update import policy_update, to_sample
 
@@ -61,7 +61,7 @@ def main() -> None:
                                     f"lora.enabled={str(not args.full).lower()}",
                                     f"trainer.gradient_checkpointing={str(args.grad_ckpt).lower()}"])
         policy = build_policy(config, device=args.device)
-    dtype = assert_uniform_dtype(policy.model)
+    dtype = assert_precision_policy(policy.model, policy.compute_dtype, policy.reference)
     params = sum(p.numel() for p in policy.model.parameters())
     trainable = sum(p.numel() for p in policy.trainable_parameters())
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-5)

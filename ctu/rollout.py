@@ -99,6 +99,7 @@ class GenerationBatcher:
         self.calls = 0
 
     async def generate(self, prompt: list[int], params: SamplingParams) -> Completion:
+        """One completion; a ``params.seed`` seeds this request alone (batched with others, as vLLM does)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
         self._pending.append((prompt, params, future))
@@ -122,14 +123,18 @@ class GenerationBatcher:
             self._pending = self._pending[self.max_batch_size:]
             if self._pending:
                 self._wakeup.set()
-            groups: dict[SamplingParams, list[tuple[list[int], asyncio.Future]]] = {}
+            groups: dict[SamplingParams, list[tuple[list[int], int | None, asyncio.Future]]] = {}
             for prompt, params, future in batch:
-                groups.setdefault(params, []).append((prompt, future))
-            for params, items in groups.items():
+                groups.setdefault(replace(params, seed=None), []).append((prompt, params.seed, future))
+            for params, entries in groups.items():
                 started = time.perf_counter()
+                items = [(p, f) for p, _, f in entries]
+                seeds = [s for _, s, _ in entries]
+                per_request = all(s is not None for s in seeds)
                 call_params = replace(params, seed=None if self.seed is None else self.seed + self.calls)
                 try:
-                    outputs = await self.engine.generate([p for p, _ in items], call_params)
+                    outputs = await self.engine.generate([p for p, _ in items], call_params,
+                                                         seeds=seeds if per_request else None)
                 except Exception as exc:  # the engine failed: every waiting episode learns why
                     for _, future in items:
                         if not future.done():
@@ -179,7 +184,9 @@ async def run_episode(
         if budget <= 0:
             stop_reason = "context"
             break
-        turn_params = replace(params, max_tokens=min(params.max_tokens, budget), n=1, seed=None,
+        # Seeded per episode and turn: what an episode samples does not depend on what it is batched with.
+        turn_seed = None if params.seed is None else (seed * 1_000_003 + episode.turns * 7_919 + params.seed) % 2**31
+        turn_params = replace(params, max_tokens=min(params.max_tokens, budget), n=1, seed=turn_seed,
                               stop_token_ids=tuple(dict.fromkeys((*params.stop_token_ids, *chat.stop_token_ids))))
         started = time.perf_counter()
         completion = await batcher.generate(seq.all_ids(), turn_params)

@@ -67,8 +67,14 @@ class Engine(ABC):
     accepts_weights: bool = True
 
     @abstractmethod
-    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
-        """For each prompt, ``params.n`` completions. An empty ``prompts`` gives ``[]``."""
+    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                       seeds: Sequence[int] | None = None) -> list[list[Completion]]:
+        """For each prompt, ``params.n`` completions. An empty ``prompts`` gives ``[]``.
+
+        ``seeds`` (one per prompt) seed each request on its own, as vLLM seeds each request: completion j of
+        prompt i samples from a generator seeded ``seeds[i] + j``, whatever else is in the batch. Without
+        ``seeds``, ``params.seed`` seeds the call as a whole (two identical prompts still get different samples).
+        """
 
     @abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:

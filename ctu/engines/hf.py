@@ -32,8 +32,11 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None):
-    """(token ids [B], their logprobs [B]) from last-position logits [B, V]."""
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator):
+    """(token ids [B], their logprobs [B]) from last-position logits [B, V].
+
+    ``generator``: one ``torch.Generator`` for the batch, a list of one per row (per-request seeds), or None.
+    """
     logits = logits.float()
     if params.temperature == 0:
         logp = torch.log_softmax(logits, dim=-1)
@@ -47,7 +50,11 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
         drop = cumulative - sorted_probs > params.top_p  # keep the smallest prefix reaching top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if isinstance(generator, list):
+        tokens = torch.cat([torch.multinomial(probs[r:r + 1], 1, generator=g).reshape(1)
+                            for r, g in enumerate(generator)])
+    else:
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -73,18 +80,25 @@ class HFEngine(Engine):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                       seeds: Sequence[int] | None = None) -> list[list[Completion]]:
         if not prompts:
             return []
-        return await asyncio.to_thread(self.generate_sync, prompts, params)
+        return await asyncio.to_thread(self.generate_sync, prompts, params, seeds)
 
-    def generate_sync(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate_sync(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                      seeds: Sequence[int] | None = None) -> list[list[Completion]]:
         rows = [(i, list(p)) for i, p in enumerate(prompts) for _ in range(params.n)]
         for i, p in rows:
             if not p:
                 raise ValueError(f"prompt {i} is empty: generation needs at least one token")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         generator = None
-        if params.seed is not None:
+        if seeds is not None:  # one generator per row: seeds[i] + j for completion j of prompt i (as vLLM)
+            generator = [torch.Generator(device=self.device).manual_seed(int(seeds[i]) + j)
+                         for i in range(len(prompts)) for j in range(params.n)]
+        elif params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
         results: list[list[Completion]] = [[] for _ in prompts]
         with self._lock:
@@ -93,7 +107,8 @@ class HFEngine(Engine):
             try:
                 for start in range(0, len(rows), self.max_batch_size):
                     chunk = rows[start:start + self.max_batch_size]
-                    for (i, _), completion in zip(chunk, self._generate_batch([p for _, p in chunk], params, generator),
+                    gens = generator[start:start + self.max_batch_size] if isinstance(generator, list) else generator
+                    for (i, _), completion in zip(chunk, self._generate_batch([p for _, p in chunk], params, gens),
                                                   strict=True):
                         results[i].append(completion)
             finally:

@@ -16,6 +16,7 @@ take weights from the trainer (``accepts_weights = False``): it serves evaluatio
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 import os
 import random
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -111,21 +112,27 @@ class RemoteEngine(Engine):
                 await self._sleep(min(self.backoff[1], delay) if delay is not None else backoff)
         raise RemoteEngineError(f"{self.url} failed after {attempts} attempts (last error: {last})")
 
-    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                       seeds: Sequence[int] | None = None) -> list[list[Completion]]:
+        """Each prompt is its own request; its seed is ``seeds[i]`` (or ``params.seed + i``: a server seeds every
+        request on its own, so one shared seed would sample identical prompts identically)."""
         if not prompts:
             return []
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         async with httpx.AsyncClient(timeout=self._timeout, transport=self._transport) as client:
 
-            async def one(prompt: Sequence[int]) -> list[Completion]:
+            async def one(i: int, prompt: Sequence[int]) -> list[Completion]:
+                seed = seeds[i] if seeds is not None else (None if params.seed is None else params.seed + i * params.n)
                 async with self._gate:
-                    data = await self._post(client, self.request_body(prompt, params))
+                    data = await self._post(client, self.request_body(prompt, replace(params, seed=seed)))
                 choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
                 completions = [parse_choice(c) for c in choices]
                 while len(completions) < params.n:  # a server that returned fewer choices: empty, not a crash
                     completions.append(Completion((), (), "stop"))
                 return completions[: params.n]
 
-            return list(await asyncio.gather(*(one(p) for p in prompts)))
+            return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:
         raise NotImplementedError(

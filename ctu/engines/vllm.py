@@ -109,10 +109,10 @@ class VLLMEngine(Engine):
         self._warned_inexact = False
         self._lock = threading.Lock()
 
-    def _sampling_params(self, params: SamplingParams):
+    def _sampling_params(self, params: SamplingParams, seed: int | None = None):
         return self._vllm.SamplingParams(
             n=params.n, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_tokens,
-            seed=params.seed, stop=list(params.stop) or None, stop_token_ids=list(params.stop_token_ids) or None,
+            seed=params.seed if seed is None else int(seed), stop=list(params.stop) or None, stop_token_ids=list(params.stop_token_ids) or None,
             logprobs=0, include_stop_str_in_output=True, skip_special_tokens=False, detokenize=bool(params.stop))
 
     @staticmethod
@@ -124,9 +124,14 @@ class VLLMEngine(Engine):
             raise RuntimeError(f"vLLM returned {len(ids)} tokens but {len(lps)} logprobs (request logprobs=0)")
         return Completion(ids, lps, "length" if output.finish_reason == "length" else "stop")
 
-    def generate_sync(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate_sync(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                      seeds: Sequence[int] | None = None) -> list[list[Completion]]:
+        """``seeds``: one per prompt, each request seeded on its own (vLLM takes a list of SamplingParams).
+        Without them every request gets ``params.seed``: vLLM then samples identical prompts identically."""
         if not prompts:
             return []
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         if self.sleeping:
             raise RuntimeError("the vLLM engine is asleep: call wake_up() before generating")
         if not self._warned_inexact and not logprobs_exact(self.logprobs_mode, params):
@@ -136,14 +141,16 @@ class VLLMEngine(Engine):
                         params.temperature, params.top_p, self.logprobs_mode, -math.log(params.top_p))
         inputs = [self._vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         with self._lock:
-            outputs = self.llm.generate(inputs, self._sampling_params(params), use_tqdm=False,
-                                        lora_request=self.lora_request)
+            sampling = (self._sampling_params(params) if seeds is None
+                        else [self._sampling_params(params, seed) for seed in seeds])
+            outputs = self.llm.generate(inputs, sampling, use_tqdm=False, lora_request=self.lora_request)
         return [[self._completion(o) for o in sorted(r.outputs, key=lambda o: o.index)] for r in outputs]
 
-    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                       seeds: Sequence[int] | None = None) -> list[list[Completion]]:
         if not prompts:
             return []
-        return await asyncio.to_thread(self.generate_sync, prompts, params)
+        return await asyncio.to_thread(self.generate_sync, prompts, params, seeds)
 
     def _reset_prefix_cache(self) -> None:
         if self.llm.reset_prefix_cache() is False:

@@ -16,6 +16,22 @@ import torch
 from ctu.config import Config
 from ctu.engines.parity import check_parity, probe_parity
 from ctu.train.logprobs import token_logprobs
+from ctu.train.weights import hf_name
+
+
+def base_named_tensors(model: torch.nn.Module):
+    """The frozen base weights with Hugging Face names (no adapter merged in)."""
+    for name, param in model.named_parameters():
+        target = hf_name(name)
+        if target is not None and not param.requires_grad:
+            yield target, param.detach()
+
+
+def adapter_named_tensors(model: torch.nn.Module):
+    """The LoRA adapter's tensors with their PEFT names (what a PEFT adapter directory holds)."""
+    for name, param in model.named_parameters():
+        if ".lora_" in name:
+            yield name, param.detach()
 
 
 class WeightSync:
@@ -25,6 +41,7 @@ class WeightSync:
         self.engine = engine
         self.shares_model = getattr(engine, "model", None) is policy.model
         self.version = -1
+        self.base_changed = False  # the engine's base weights must be (re)sent before adapter-only syncs
 
     def before_update(self) -> None:
         if self.config.engine.colocated:
@@ -50,9 +67,12 @@ class WeightSync:
         self.version = version
         if not self.shares_model:
             if self.config.engine.weight_sync == "adapter":
-                self.engine.update_adapter(self.policy.adapter_named_tensors(), self.version)
+                if self.base_changed:  # e.g. after the warm start was merged into the base (rebase_reference)
+                    self.engine.update_weights(base_named_tensors(self.policy.model))
+                self.engine.update_adapter(adapter_named_tensors(self.policy.model), self.version)
             else:
                 self.engine.update_weights(self.policy.merged_named_tensors())
+        self.base_changed = False
         diff = probe_parity(self.engine, self._score, temperature=self.config.sampling.temperature,
                             tokens=self.config.engine.parity_probe_tokens, seed=self.config.run.seed)
         check_parity(diff, self.config.engine.parity_tolerance)

@@ -256,7 +256,7 @@ class Trainer:
             loss = sft_update(self.policy, optimizer, batch, t.micro_batch_tokens)
             bar.set_postfix(loss=f"{loss:.3f}")
         self.policy.rebase_reference()  # the KL reference is now the warm-started policy
-        self.rebased = True
+        self.rebased = self.sync.base_changed = True
         self.sync_weights()
         return loss
 
@@ -270,7 +270,7 @@ class Trainer:
             reference = load_reference(resume_from)
             if reference is not None:
                 self.policy.load_reference_state(reference)
-                self.rebased = True
+                self.rebased = self.sync.base_changed = True
             self.step, extra = load_checkpoint(resume_from, model=self.policy.model, optimizer=self.optimizer,
                                                scheduler=self.scheduler)
             self.sampler.set_state(extra["sampler"])

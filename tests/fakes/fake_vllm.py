@@ -337,11 +337,17 @@ class LLM:
                  tokenization_kwargs=None):
         if self.sleep_level is not None:
             raise RuntimeError("the engine is sleeping: call wake_up() first")
-        params = sampling_params or SamplingParams()
         prompts = prompts if isinstance(prompts, list) else [prompts]
+        # LLM.generate takes one SamplingParams for all prompts or a list with one per prompt (vllm/entrypoints/llm.py)
+        if isinstance(sampling_params, (list, tuple)):
+            if len(sampling_params) != len(prompts):
+                raise ValueError("The lengths of prompts and sampling_params must be the same.")
+            per_prompt = list(sampling_params)
+        else:
+            per_prompt = [sampling_params or SamplingParams()] * len(prompts)
         requests = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
         outputs = []
-        for r, (prompt, lora) in enumerate(zip(prompts, requests, strict=True)):
+        for r, (prompt, lora, params) in enumerate(zip(prompts, requests, per_prompt, strict=True)):
             ids = list(prompt["prompt_token_ids"])
             if len(ids) > self.max_model_len:
                 raise ValueError(f"The decoder prompt (length {len(ids)}) is longer than the maximum model length "

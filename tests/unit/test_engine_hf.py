@@ -104,3 +104,13 @@ def test_logprobs_are_taken_before_top_p_truncation(engine):
         assert bool(kept.gather(-1, chosen).all())  # every sampled token lies inside the top-p set
         torch.testing.assert_close(torch.tensor(c.logprobs), full, rtol=1e-4, atol=0)
         assert ((truncated - full) > 0.5).all()  # the truncated distribution would be ~log(1/0.3) higher
+
+
+def test_per_request_seeds_do_not_depend_on_the_rest_of_the_batch(engine):
+    params = SamplingParams(temperature=1.0, max_tokens=6, n=2)
+    together = asyncio.run(engine.generate(PROMPTS, params, seeds=[11, 12, 13]))
+    alone = [asyncio.run(engine.generate([p], params, seeds=[s]))[0] for p, s in zip(PROMPTS, [11, 12, 13], strict=True)]
+    assert [[c.token_ids for c in r] for r in together] == [[c.token_ids for c in r] for r in alone]
+    same = asyncio.run(engine.generate([PROMPTS[0], PROMPTS[0]], params, seeds=[11, 99]))
+    assert same[0][0].token_ids == together[0][0].token_ids and same[0][0].token_ids != same[1][0].token_ids
+    assert together[0][0].token_ids != together[0][1].token_ids  # completion j gets seed + j

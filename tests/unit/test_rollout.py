@@ -22,7 +22,7 @@ class ScriptedModel(Engine):
         self.calls = 0
         self.seen_prompts = []
 
-    async def generate(self, prompts, params):
+    async def generate(self, prompts, params, seeds=None):
         out = []
         for prompt in prompts:
             self.seen_prompts.append(list(prompt))
