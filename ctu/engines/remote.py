@@ -16,10 +16,10 @@ take weights from the trainer (``accepts_weights = False``): it serves evaluatio
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 import os
 import random
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import httpx
