@@ -39,8 +39,9 @@ class ParseResult:
 _THINK = re.compile(r"\s*<think>.*?</think>", re.S)
 _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
 _FENCE = re.compile(r"```([A-Za-z_]*)[ \t]*\n?(.*?)(?:```|\Z)", re.S)
-_REACT = re.compile(r"Action\s*:\s*([^\n]*)\n+\s*Action Input\s*:\s*(.*)", re.S)
-_ATTEMPT = re.compile(r"<tool_call>|\"name\"\s*:|'name'\s*:|tool_calls|^\s*Action\s*:", re.M)
+_REACT_INPUT = re.compile(r"Action Input[ \t]*+:")
+_REACT_ACTION = re.compile(r"Action[ \t]*+:")
+_ATTEMPT = re.compile(r"<tool_call>|\"name\"\s*+:|'name'\s*+:|tool_calls|^[ \t]*+Action[ \t]*+:", re.M)
 _RESPOND_ACTIONS = {"respond", "finish", "final answer", "final_answer", "answer"}
 _NAME = re.compile(r"^[A-Za-z_][\w.\-]*$")
 
@@ -49,53 +50,79 @@ _NAME = re.compile(r"^[A-Za-z_][\w.\-]*$")
 # JSON repair
 # -------------------------------------------------------------------------------------------
 _LITERALS = {"True": "true", "False": "false", "None": "null"}
+# Work limits that keep parsing linear in the text. Strict decoding (C speed) may scan a few times the
+# text, each attempt counting at least _ATTEMPT_COST; repair (a Python-level pass) is tried on at most
+# _REPAIR_WORK characters per reply in all, so a call cut off at the end of a long reply is still
+# repaired, but a megabyte of nested brackets is not repaired from every bracket.
+_STRICT_WORK = 4
+_ATTEMPT_COST = 256
+_REPAIR_WORK = 1 << 17
+
+
+class _Work:
+    """What one parse may still spend on strict decoding and on repair (characters)."""
+
+    def __init__(self, n: int) -> None:
+        self.strict = _STRICT_WORK * n + 65536
+        self.repair = _REPAIR_WORK
+
+    def take_repair(self, size: int) -> bool:
+        if size > self.repair:
+            return False
+        self.repair -= size + _ATTEMPT_COST
+        return True
+
+
+# One token per match, so the repair is one pass of C-speed matching (no per-character Python loop, no
+# rescans): strings (maybe unclosed), structural characters, bare words, whitespace, anything else.
+_TOKEN = re.compile(r"""("(?:[^"\\]|\\.)*+)("?)|('(?:[^'\\]|\\.)*+)('?)|([{}\[\],:])|([^\W\d][\w.\-]*+)|(\s++)"""
+                    r"""|((?:(?![^\W\d])[^\s"'{}\[\],:])++|\\)""", re.S)
+_SINGLE_QUOTED = re.compile(r"""\\(.)|(")|(\n)""", re.S)
+_WS = re.compile(r"\s*+")
+
+
+def _single_to_double(match: re.Match) -> str:
+    escaped, quote, _newline = match.groups()
+    if escaped is not None:
+        return "'" if escaped == "'" else "\\" + escaped
+    return '\\"' if quote else "\\n"
 
 
 def _tokens_repaired(text: str) -> tuple[str, bool]:
-    """Rewrite near-JSON into JSON: quote styles, bare keys, literals, trailing commas, closers."""
+    """Rewrite near-JSON into JSON: quote styles, bare keys, literals, trailing commas, closers. One linear pass."""
     out: list[str] = []
     stack: list[str] = []
-    i, n = 0, len(text)
     changed = False
-    while i < n:
-        ch = text[i]
-        if ch in "\"'":
-            quote, j, buf = ch, i + 1, []
-            while j < n and text[j] != quote:
-                if text[j] == "\\" and j + 1 < n:
-                    if quote == "'" and text[j + 1] == "'":
-                        buf.append("'")
-                    else:
-                        buf.append(text[j:j + 2])
-                    j += 2
-                    continue
-                buf.append('\\"' if text[j] == '"' else ("\\n" if text[j] == "\n" else text[j]))
-                j += 1
-            changed |= quote == "'" or j >= n or "\n" in text[i:j]
-            out.append('"' + "".join(buf) + '"')
-            i = j + 1
-            continue
-        if ch in "{[":
-            stack.append("}" if ch == "{" else "]")
-            out.append(ch)
-        elif ch in "}]":
-            while out and out[-1].strip() == "":
-                out.pop()
-            if out and out[-1] == ",":
-                out.pop()
+    for m in _TOKEN.finditer(text):
+        dq, dq_end, sq, sq_end, punct, word, space, other = m.groups()
+        if dq is not None:
+            body = dq[1:]
+            if "\n" in body:
+                body = body.replace("\n", "\\n")
                 changed = True
-            if stack:
-                stack.pop()
-            out.append(ch)
-        elif ch.isalpha() or ch == "_":
-            j = i
-            while j < n and (text[j].isalnum() or text[j] in "_-."):
-                j += 1
-            word = text[i:j]
-            k = j
-            while k < n and text[k] in " \t\r\n":
-                k += 1
-            if k < n and text[k] == ":" and stack and stack[-1] == "}":
+            changed |= not dq_end
+            out.append('"' + body + '"')
+        elif sq is not None:
+            changed = True
+            out.append('"' + _SINGLE_QUOTED.sub(_single_to_double, sq[1:]) + '"')
+        elif punct is not None:
+            if punct in "{[":
+                stack.append("}" if punct == "{" else "]")
+                out.append(punct)
+            elif punct in "}]":
+                while out and out[-1].isspace():
+                    out.pop()
+                if out and out[-1] == ",":
+                    out.pop()
+                    changed = True
+                if stack:
+                    stack.pop()
+                out.append(punct)
+            else:
+                out.append(punct)
+        elif word is not None:
+            k = _WS.match(text, m.end()).end()
+            if stack and stack[-1] == "}" and text.startswith(":", k):
                 out.append(json.dumps(word))
                 changed = True
             elif word in _LITERALS:
@@ -103,11 +130,8 @@ def _tokens_repaired(text: str) -> tuple[str, bool]:
                 changed = True
             else:
                 out.append(word)
-            i = j
-            continue
         else:
-            out.append(ch)
-        i += 1
+            out.append(space if space is not None else other)
     # close what is open: drop a dangling comma, a key without value, a trailing colon
     tail = "".join(out).rstrip()
     if stack:
@@ -121,12 +145,17 @@ def _tokens_repaired(text: str) -> tuple[str, bool]:
     return tail, changed
 
 
-def repair_json(text: str) -> tuple[Any, bool] | None:
-    """(value, was_repaired), or None if the text cannot be made into JSON."""
+def repair_json(text: str, work: _Work | None = None) -> tuple[Any, bool] | None:
+    """(value, was_repaired), or None if the text cannot be made into JSON.
+
+    Text that is not valid JSON is repaired only while ``work`` (by default: one text of up to
+    ``_REPAIR_WORK`` characters) allows, so every call costs time linear in the text."""
     try:
         return json.loads(text), False
     except (json.JSONDecodeError, TypeError, RecursionError):
         pass
+    if not (work or _Work(0)).take_repair(len(text)):
+        return None
     try:
         fixed, _ = _tokens_repaired(text.strip())
         return json.loads(fixed, strict=False), True
@@ -134,22 +163,68 @@ def repair_json(text: str) -> tuple[Any, bool] | None:
         return None
 
 
-def _first_json(text: str) -> tuple[Any, int, int, bool] | None:
-    """The first JSON object/list in ``text`` that looks like a call: (value, start, end, repaired)."""
-    decoder = json.JSONDecoder()
-    for start, ch in enumerate(text):
-        if ch not in "{[":
-            continue
+# Where a call could start: an object opening with a key (quoted or bare) and a colon, or a list opening
+# with an object. Each lookahead scans only to its key's closing quote, so finding them all is linear.
+_CANDIDATE = re.compile(r"""\{(?=\s*+(?:"(?:[^"\\]|\\.)*+"|'(?:[^'\\]|\\.)*+'|[^\W\d][\w.\-]*+)\s*+:)|\[(?=\s*+\{)""", re.S)
+_STRICT_START = re.compile(r'\{\s*+"|\[\s*+\{\s*+"')
+_WINDOW = 4096
+
+
+def _strict_at(decoder: json.JSONDecoder, text: str, start: int) -> tuple[Any, int, int]:
+    """(value or None, end, characters scanned) for strict JSON at ``start``. It decodes growing windows
+    of the text: a decode error's line count runs from the start of the document, so decoding the whole
+    text at every candidate would be quadratic."""
+    n, width = len(text), _WINDOW
+    while True:
+        chunk = text[start:start + width]
         try:
-            value, end = decoder.raw_decode(text, start)
-            if _calls_from(value) is not None:
-                return value, start, end, False
+            value, end = decoder.raw_decode(chunk)
+            return value, start + end, end
+        except json.JSONDecodeError as exc:
+            cut = start + width < n and (exc.pos >= len(chunk) - 10 or exc.msg.startswith("Unterminated"))
+            if not cut:
+                return None, start, exc.pos + 1
+        except RecursionError:
+            return None, start, len(chunk)
+        width *= 4
+
+
+def _find_call(value: Any) -> Any:
+    """``value`` or the first value nested in it (in text order) that holds calls, else None."""
+    pending = [value]
+    while pending:
+        node = pending.pop()
+        if _calls_from(node) is not None:
+            return node
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        pending.extend(reversed([c for c in children if isinstance(c, (dict, list))]))
+    return None
+
+
+def _first_json(text: str, work: _Work) -> tuple[Any, int, int, bool] | None:
+    """The first JSON object/list in ``text`` that looks like a call: (value, start, end, repaired).
+
+    A valid JSON value that is not a call is searched for a nested call and then skipped as a whole; a
+    candidate that is not valid JSON is repaired (it then runs to the end of the text)."""
+    decoder = json.JSONDecoder()
+    n = len(text)
+    skip_to = 0
+    for match in _CANDIDATE.finditer(text):
+        start = match.start()
+        if start < skip_to:
             continue
-        except (json.JSONDecodeError, RecursionError):
-            pass
-        fixed = repair_json(text[start:])
+        if work.strict > 0 and _STRICT_START.match(text, start):
+            value, end, scanned = _strict_at(decoder, text, start)
+            work.strict -= scanned + _ATTEMPT_COST
+            if end > start:
+                found = _find_call(value)
+                if found is not None:
+                    return found, start, end, False
+                skip_to = end
+                continue
+        fixed = repair_json(text[start:], work) if n - start <= work.repair else None
         if fixed is not None and _calls_from(fixed[0]) is not None:
-            return fixed[0], start, len(text), True
+            return fixed[0], start, n, True
     return None
 
 
@@ -213,13 +288,13 @@ def _python_call(code: str) -> ParsedToolCall | None:
 # -------------------------------------------------------------------------------------------
 # formats
 # -------------------------------------------------------------------------------------------
-def _hermes(text: str) -> ParseResult | None:
+def _hermes(text: str, work: _Work) -> ParseResult | None:
     blocks = list(_HERMES.finditer(text))
     if not blocks:
         return None
     calls, repaired = [], False
     for block in blocks:
-        fixed = repair_json(block.group(1).strip())
+        fixed = repair_json(block.group(1).strip(), work)
         found = _calls_from(fixed[0]) if fixed else None
         if not found:
             return ParseResult(_HERMES.sub("", text).strip(), (), "hermes", bool(fixed), True,
@@ -229,30 +304,61 @@ def _hermes(text: str) -> ParseResult | None:
     return ParseResult(_HERMES.sub("", text).strip(), tuple(calls), "hermes", repaired)
 
 
-def _fenced(text: str) -> ParseResult | None:
-    for block in _FENCE.finditer(text):
+_MAX_FENCES = 64  # code blocks looked at per reply
+_PY_CALL = re.compile(r"[^\W\d][\w.]*+\s*+\(")
+
+
+def _without(text: str, block: re.Match) -> str:
+    return (text[: block.start()] + text[block.end():]).strip()
+
+
+def _fenced(text: str, work: _Work) -> ParseResult | None:
+    for count, block in enumerate(_FENCE.finditer(text)):
+        if count == _MAX_FENCES:
+            break
         body = block.group(2).strip()
-        content = (text[: block.start()] + text[block.end():]).strip()
-        fixed = repair_json(body) if body[:1] in "{[" else None
+        fixed = repair_json(body, work) if body[:1] in "{[" else None
         found = _calls_from(fixed[0]) if fixed else None
         if found:
-            return ParseResult(content, tuple(found), "fenced_json", fixed[1] or not block.group(0).endswith("```"))
-        call = _python_call(body)
+            return ParseResult(_without(text, block), tuple(found), "fenced_json",
+                               fixed[1] or not block.group(0).endswith("```"))
+        call = _python_call(body) if _PY_CALL.match(body) else None
         if call is not None:
-            return ParseResult(content, (call,), "fenced_python", not block.group(0).endswith("```"))
+            return ParseResult(_without(text, block), (call,), "fenced_python", not block.group(0).endswith("```"))
     return None
 
 
-def _react(text: str) -> ParseResult | None:
-    match = _REACT.search(text)
-    if not match:
+def _react_match(text: str) -> tuple[int, str, str] | None:
+    """The first ``Action: NAME`` line followed (after blank lines) by ``Action Input: ...``:
+    (where ``Action`` starts, NAME, the rest of the text). Linear: each ``Action Input`` looks back over
+    its own blank lines and the one line before them."""
+    for found in _REACT_INPUT.finditer(text):
+        k = found.start()
+        first_newline = -1
+        while k > 0 and text[k - 1].isspace():
+            k -= 1
+            if text[k] == "\n":
+                first_newline = k
+        if first_newline < 0:
+            continue
+        line_start = text.rfind("\n", 0, first_newline) + 1
+        action = _REACT_ACTION.search(text, line_start, first_newline)
+        if action is not None:
+            return action.start(), text[action.end():first_newline], text[found.end():]
+    return None
+
+
+def _react(text: str, work: _Work) -> ParseResult | None:
+    found = _react_match(text)
+    if found is None:
         return None
-    name = match.group(1).strip().strip("`\"'")
-    raw = match.group(2).strip()
-    before = text[: match.start()].strip()
+    action_at, name, raw = found
+    name = name.strip().strip("`\"'")
+    raw = raw.strip()
+    before = text[:action_at].strip()
     before = re.sub(r"^\s*Thought\s*:\s*", "", before)
     if name.lower() in _RESPOND_ACTIONS:
-        fixed = repair_json(raw) if raw[:1] in "{[\"" else None
+        fixed = repair_json(raw, work) if raw[:1] in "{[\"" else None
         message = raw
         if fixed is not None:
             value = fixed[0]
@@ -261,14 +367,14 @@ def _react(text: str) -> ParseResult | None:
         return ParseResult(str(message).strip(), (), "react")
     if not _NAME.match(name):
         return ParseResult(before, (), "react", False, True, f"bad action name {name!r}")
-    fixed = repair_json(raw) if raw else ({}, False)
+    fixed = repair_json(raw, work) if raw else ({}, False)
     if fixed is None or not isinstance(fixed[0], dict):
         return ParseResult(before, (), "react", True, True, f"unparseable Action Input: {raw[:80]!r}")
     return ParseResult(before, (ParsedToolCall(name, fixed[0]),), "react", fixed[1])
 
 
-def _bare_json(text: str) -> ParseResult | None:
-    found = _first_json(text)
+def _bare_json(text: str, work: _Work) -> ParseResult | None:
+    found = _first_json(text, work)
     if found is None:
         return None
     value, start, end, repaired = found
@@ -303,8 +409,9 @@ def _parse(text: str | None) -> ParseResult:
     if not text:
         return ParseResult("")
     visible = strip_thinking(text)
+    work = _Work(len(visible))
     for attempt in (_hermes, _fenced, _react, _bare_json):
-        result = attempt(visible)
+        result = attempt(visible, work)
         if result is not None:
             return result
     content = visible.strip()

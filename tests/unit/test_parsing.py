@@ -136,3 +136,52 @@ def test_thinking_is_dropped_and_empty_inputs_are_messages():
         result = parse_model_output(empty)
         assert result.content == "" and result.tool_calls == () and not result.failed and result.format == "none"
     assert parse_model_output("Action: respond\nAction Input: Your order shipped.").content == "Your order shipped."
+
+
+# ------------------------------------------------------------------------------------------------
+# linear time: adversarial megabyte replies parse in well under a second (they took minutes when every
+# bracket was decoded and repaired again to the end of the text)
+# ------------------------------------------------------------------------------------------------
+MEGABYTE = 1_000_000
+ADVERSARIAL_UNITS = ["{", "{a: ", "{ hello ", "[", '"', "<tool_call>", "'", '{"a": "', "{name: ", '{"name": ',
+                     '[{"name": "f", ', "```{", '```\n{"a":1}\n```', '{"a": 1} ', "[{\"a\": ", "\n", "Action: f\n",
+                     "Action Input: x\n", "{'name': 'f', 'arguments': {'x': ", "<tool_call>{a: "]
+
+
+def _megabyte(unit: str) -> str:
+    return (unit * (MEGABYTE // len(unit) + 1))[:MEGABYTE]
+
+
+def _timed_parse(text: str) -> tuple[ParseResult, float]:
+    import time
+
+    start = time.perf_counter()
+    result = parse_model_output(text)
+    return result, time.perf_counter() - start
+
+
+def test_adversarial_megabytes_parse_in_under_a_second():
+    for unit in ADVERSARIAL_UNITS:
+        result, seconds = _timed_parse(_megabyte(unit))
+        assert isinstance(result, ParseResult)
+        assert seconds < 1.0, (unit, seconds)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.sampled_from(["{", "}", "[", "]", '"', "'", ":", ",", " ", "\n", "<tool_call>", "</tool_call>",
+                                 "Action:", "Action Input:", "```", "name", '"name"', "arguments", "a", "\\", "1",
+                                 "True", "<think>", "</think>"]), min_size=1, max_size=12).map("".join))
+def test_random_megabyte_mixes_parse_in_under_a_second(unit):
+    result, seconds = _timed_parse(_megabyte(unit))
+    assert isinstance(result, ParseResult)
+    assert seconds < 1.0, (unit, seconds)
+
+
+def test_a_call_after_a_megabyte_of_garbage_is_still_found():
+    garbage = _megabyte("{a: ")
+    result, seconds = _timed_parse(garbage + '\n{"name": "f", "arguments": {"x": 1}}')
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [("f", {"x": 1})] and not result.recovered
+    assert seconds < 1.0
+    result, seconds = _timed_parse(_megabyte("hello {x} ") + '\n{"name": "f", "arguments": {"x": "cut')
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [("f", {"x": "cut"})] and result.recovered
+    assert seconds < 1.0
