@@ -37,6 +37,18 @@ def cmd_env_check(args: argparse.Namespace) -> int:
     return 0 if failed == 0 else 1
 
 
+def _open_transcripts(path: str):
+    """The transcript file, opened for reading bytes line by line; a one-line error if it cannot be."""
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise SystemExit(f"ctu: error: transcript file {path} does not exist") from None
+    except IsADirectoryError:
+        raise SystemExit(f"ctu: error: {path} is a directory, not a transcript file (JSONL)") from None
+    except OSError as exc:
+        raise SystemExit(f"ctu: error: cannot read transcript file {path}: {exc.strerror}") from None
+
+
 def cmd_score(args: argparse.Namespace) -> int:
     """Score recorded transcripts by re-executing their tool calls on a fresh DB."""
     from ctu.reward import score_transcript
@@ -45,8 +57,17 @@ def cmd_score(args: argparse.Namespace) -> int:
     bad = 0
     total = 0.0
     scored = 0
-    with open(args.file, encoding="utf-8") as handle:
-        for line_no, text in enumerate(handle, start=1):
+    with _open_transcripts(args.file) as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                bad += 1
+                why = f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start} of the line)"
+                print(f"{args.file}:{line_no}: error: {why}", file=sys.stderr)
+                if args.json:
+                    print(json.dumps({"line": line_no, "error": why}))
+                continue
             if not text.strip():
                 continue
             try:
@@ -92,7 +113,7 @@ def _load(args: argparse.Namespace):
     try:
         return load_config(config_path, overrides)
     except ConfigError as exc:
-        raise SystemExit(f"ctu: config error: {exc}") from None
+        raise SystemExit(_one_line(f"ctu: config error: {exc}")) from None
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -110,10 +131,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     save_config(config, f"{config.run.dir}/config.yaml")
     domains = build.build_domains(config)
     specs = episode_specs(domains, config.eval.splits, config.eval.samples_per_task, config.eval.max_tasks)
+    user, judge = build.build_user(config), build.build_judge(config)  # a missing API key fails before the model loads
     chat = build.build_chat(config)
     engine = build.build_engine(config, tokenizer=chat.tokenizer)
     limits = RolloutLimits(config.env.max_turns, config.env.max_errors, config.env.max_context_tokens)
-    bar = tqdm(total=len(specs), desc="eval", unit="episode", dynamic_ncols=True)
+    bar = tqdm(total=len(specs), desc="eval", unit="episode", dynamic_ncols=True, disable=None)
     wins = [0, 0]
 
     def done(trajectory) -> None:
@@ -124,13 +146,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     try:
         trajectories = asyncio.run(rollout(
-            specs, chat, engine, build.build_user(config), build.sampling_params(config, config.eval.temperature),
-            limits, judge=build.build_judge(config), concurrency=config.eval.concurrency,
+            specs, chat, engine, user, build.sampling_params(config, config.eval.temperature),
+            limits, judge=judge, concurrency=config.eval.concurrency,
             max_batch_size=config.engine.max_batch_size, on_done=done))
     finally:
         bar.close()
         engine.close()
     report = write_report(config.run.dir, trajectories, config.eval.save_tokens)
+    if trajectories and all(t.stop_reason == "error" for t in trajectories):
+        first = next((t.error for t in trajectories if t.error), None) or "no error recorded"
+        raise SystemExit(_one_line(f"ctu: error: no episode could be scored: all {len(trajectories)} episode(s) "
+                                   f"errored (first error: {first}); trajectories in {config.run.dir}"))
     for scope, s in report.items():
         print(f"{scope}: success {s['success_rate']:.3f} over {s['episodes']} episodes "
               f"({s['tasks']} tasks; pass^1 {s['pass^k'].get('1', 0.0):.3f}; errored {s['errored']}; "
@@ -154,7 +180,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     try:
         task = domain.task(args.task)
     except KeyError as exc:
-        raise SystemExit(f"ctu: {exc.args[0]}") from None
+        raise SystemExit(f"ctu: error: {exc.args[0]}") from None
     user = build.build_user(config)
     if args.human:
         return run_human(domain, task, user, config.env.max_turns)
@@ -186,12 +212,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         print(f"wrote {draw_curves(args.run_dir)}")
     except FileNotFoundError as exc:
-        raise SystemExit(f"ctu: {exc}") from None
+        raise SystemExit(_one_line(f"ctu: error: {exc}")) from None
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctu", description="Train and evaluate tool-using agents with RL.")
+    parser.add_argument("--debug", action="store_true",
+                        help="on failure, show the full traceback instead of a one-line error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     env = sub.add_parser("env", help="inspect and check domains", description="Inspect and check domains.")
@@ -241,12 +269,51 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="draw training curves", description="Draw RUN_DIR/metrics.jsonl to curves.png.")
     report.add_argument("run_dir")
     report.set_defaults(func=cmd_report)
+    for command in (check, score, ev, play, train, report):  # --debug also after the command's name
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="on failure, show the full traceback")
     return parser
 
 
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+def _describe(exc: BaseException) -> str:
+    """One line naming what failed: the exception's own message (ctu's errors name the model, data, key,
+    file or field), with the path for OS errors that carry one."""
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str):
+        message = exc.args[0]
+    elif isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        message = f"{exc.filename}: {exc.strerror}"
+    else:
+        message = str(exc)
+    if not message.strip() or not isinstance(exc, (OSError, ValueError, KeyError, RuntimeError)):
+        message = f"{type(exc).__name__}: {message}" if message.strip() else type(exc).__name__
+    return _one_line(message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. A failure exits non-zero with one line on stderr naming the problem; ``--debug``
+    shows the traceback instead."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except SystemExit as exc:  # ctu's own one-line errors
+        if args.debug or exc.code is None or isinstance(exc.code, int):
+            raise
+        print(_one_line(str(exc.code)), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("ctu: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"ctu: error: {_describe(exc)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -71,3 +71,19 @@ def test_play_with_a_model(capsys):
     assert main(["play", "--domain", "mini", "--task", TASK.id, "--model", "tiny-random", "sampling.max_tokens=8",
                  "env.max_turns=2"]) == 0
     assert "episode ended:" in capsys.readouterr().out
+
+
+@respx.mock
+def test_eval_fails_with_one_line_when_no_episode_could_be_scored(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SIM_KEY", "k")
+    respx.post("http://sim.test/v1/chat/completions").mock(return_value=httpx.Response(401, json={"error": "no"}))
+    run_dir = tmp_path / "errored"
+    assert main(["eval", *FAST, "env.domains=[retail]", "user.kind=llm", "user.base_url=http://sim.test/v1",
+                 "user.api_key_env=SIM_KEY", f"run.dir={run_dir}", "env.max_context_tokens=8192"]) == 1
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["overall"]["episodes"] == 3 and report["overall"]["errored"] == 3
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and "Loading weights" not in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("ctu: error: no episode could be scored: all 3 episode(s) errored")
+    assert "HTTP 401" in lines[0] and "SIM_KEY" not in lines[0]
