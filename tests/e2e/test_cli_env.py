@@ -56,7 +56,9 @@ def test_score_json_reports_each_line_and_names_bad_lines(tmp_path, capsys):
     assert rc == 1
     assert [r["line"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert rows[0]["reward"] == 1.0 and rows[0]["components"]["DB"] == 1.0
-    assert "NL_ASSERTION" in rows[0]["skipped"] or "NL_ASSERTION" in rows[0]["components"]
+    # task 0 has NL_ASSERTION in its reward basis but no assertions: tau2 counts that as met, nothing is skipped
+    assert task.nl_assertions == () and "NL_ASSERTION" in task.reward_basis
+    assert rows[0]["components"]["NL_ASSERTION"] == 1.0 and rows[0]["skipped"] == []
     assert "error" in rows[1] and "error" in rows[3] and "error" in rows[4] and "error" in rows[7]
     assert rows[2]["reward"] == 0.0 and rows[2]["components"]["DB"] == 1.0  # no stop: scored 0, components kept
     assert rows[5]["reward"] == 1.0  # per-line domain overrides the flag

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import random
 
 import httpx
 import pytest
@@ -106,7 +107,23 @@ def test_5xx_until_exhausted_raises_a_clear_error_without_the_key(monkeypatch):
     text = str(err.value)
     assert "failed after 4 attempts" in text and "HTTP 503" in text and "sim-model" in text and BASE in text
     assert SECRET not in text and len(route.calls) == 4 and len(slept) == 3
-    assert slept == sorted(slept) or max(slept) <= 8.0
+    # exponential backoff from backoff_initial=0.5 s, doubling per attempt, capped at backoff_max=8 s, each
+    # delay scaled by a jitter in [0.5, 1) drawn from random.Random(0) (the client's seed)
+    jitter = random.Random(0)
+    expected = [min(8.0, 0.5 * 2 ** k) * (0.5 + jitter.random() / 2) for k in range(3)]
+    assert slept == pytest.approx(expected, rel=1e-9)
+    assert [0.25 <= slept[0] < 0.5, 0.5 <= slept[1] < 1.0, 1.0 <= slept[2] < 2.0] == [True] * 3
+
+
+@respx.mock
+def test_backoff_is_capped_at_backoff_max(monkeypatch):
+    respx.post(URL).mock(return_value=reply("", 500))
+    user, slept = make_user(monkeypatch=monkeypatch, max_retries=6, backoff_max=2.0)
+    with pytest.raises(UserSimulatorError):
+        asyncio.run(user.start(None, TASK).reply("hi"))
+    jitter = random.Random(0)
+    bases = [0.5, 1.0, 2.0, 2.0, 2.0, 2.0]
+    assert slept == pytest.approx([b * (0.5 + jitter.random() / 2) for b in bases], rel=1e-9)
 
 
 @respx.mock
