@@ -1,6 +1,7 @@
 """`ctu eval` and `ctu play` end to end on CPU with tiny-random; written trajectories re-score identically."""
 
 import asyncio
+import io
 import json
 
 import httpx
@@ -58,10 +59,12 @@ def test_eval_on_retail_with_a_mocked_llm_user(tmp_path, monkeypatch):
 
 def test_play_as_a_human(monkeypatch, capsys):
     oid = TASK.actions[0].arguments["order_id"]
-    lines = iter([f'{{"name": "get_order", "arguments": {{"order_id": "{oid}"}}}}',
-                  f'<tool_call>{{"name": "cancel_order", "arguments": {{"order_id": "{oid}"}}}}</tool_call>',
-                  "Your order is cancelled."])
-    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    lines = [f'{{"name": "get_order", "arguments": {{"order_id": "{oid}"}}}}',
+             f'<tool_call>{{"name": "cancel_order", "arguments": {{"order_id": "{oid}"}}}}</tool_call>',
+             "Your order is cancelled."]
+    # the keyboard is stdin: ctu.play binds the builtin input() as a default argument when first imported, so
+    # patching builtins.input would depend on whether an earlier test already imported it
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
     assert main(["play", "--domain", "mini", "--task", TASK.id, "--human"]) == 0
     out = capsys.readouterr().out
     assert "tool get_order ->" in out and "episode ended: user_stop; reward 1.0" in out
