@@ -2,21 +2,12 @@
 sync passes the parity probe, in both sync modes; an engine that serves stale prefix KV stops the run."""
 
 import pytest
-import respx
 
 from ctu.engines.parity import ParityError
 from ctu.tracking import read_metrics
 from ctu.train.trainer import Trainer
-from tests.e2e.test_train import JUDGE, config, judge_reply
+from tests.e2e.test_train import config, judge  # noqa: F401 - judge: the autouse shaping-judge fixture
 from tests.fakes import fake_vllm
-
-
-@pytest.fixture(autouse=True)
-def judge(monkeypatch):
-    monkeypatch.setenv("SHAPING_KEY", "sk-shaping-secret")
-    with respx.mock(assert_all_called=False) as mock:
-        mock.post(JUDGE).mock(side_effect=judge_reply)
-        yield mock
 
 
 def vllm_config(run_dir, *extra):

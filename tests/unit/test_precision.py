@@ -12,19 +12,9 @@ LR = 3e-7
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from tests.models import save_random_model
 
-    from ctu.models import smollm2_tokenizer_dir
-
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+    return save_random_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", layers=2, hidden=64, intermediate=128)
 
 
 def policy_for(path, *overrides, dtype="bfloat16"):

@@ -9,19 +9,9 @@ from ctu.config import load_config
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from tests.models import save_random_model
 
-    from ctu.models import smollm2_tokenizer_dir
-
-    path = tmp_path_factory.mktemp("tiny-llama4")
-    tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=256, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+    return save_random_model(tmp_path_factory.mktemp("tiny-llama4"), "llama", layers=4, hidden=64, intermediate=256)
 
 
 def setup(path, *overrides):
