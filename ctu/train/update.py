@@ -7,12 +7,19 @@ Semantics (each a property test in tests/unit/test_update_semantics.py):
   depend on how episodes fall into micro-batches (``micro_batch_tokens`` only bounds memory);
 - gradient passes run in train mode (dropout, gradient checkpointing), scoring in eval mode;
 - the scheduler steps once per optimizer step that happens.
+
+Data parallelism (``reduce``, e.g. :func:`ctu.distributed.fsdp.make_reduce`): each rank passes its slice of the
+episodes and ``reduce(values, op)`` (op "sum" | "max" | "min", the same list on every rank) combines numbers
+across ranks. The loss denominators (tokens, sequences, norm length) and the stats are then global, every rank
+runs the same number of forwards (a rank short of micro-batches repeats one with zero weight), and the gradients
+must be summed across ranks, not averaged (``shard_policy`` sets FSDP's divide factor to 1): one update over N
+ranks equals the single-process update on the union of the episodes. ``reduce=None`` is the single process.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +27,8 @@ import torch
 from ctu.config import TrainerConfig
 from ctu.rl.losses import aggregation_weights, kl_penalty, ppo_clip_per_token, truncated_importance_weights
 from ctu.train.policy import Policy, token_logprobs
+
+Reduce = Callable[[list[float], str], list[float]]
 
 STAT_KEYS = ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "updates",
              "sampler_trainer_logprob_diff", "trained_tokens")
@@ -106,15 +115,18 @@ def score_logprobs(model, batch: dict[str, torch.Tensor], temperature: float) ->
 
 
 @torch.no_grad()
-def sequence_kl(policy: Policy, samples: Sequence[Sample], cfg: TrainerConfig, temperature: float) -> list[float]:
+def sequence_kl(policy: Policy, samples: Sequence[Sample], cfg: TrainerConfig, temperature: float,
+                reduce: Reduce | None = None) -> list[float]:
     """Per-episode KL to the reference, summed over its sampled tokens (for KL in the reward)."""
     out: list[float] = [0.0] * len(samples)
-    for idx in micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens):
+    for idx, dummy in _same_count(micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens), reduce):
         batch = collate([samples[i] for i in idx], policy.device)
         current = score_logprobs(policy.model, batch, temperature)
         with policy.as_reference() as reference:
             ref = score_logprobs(reference, batch, temperature)
         per_seq = (kl_penalty(current, ref, cfg.kl_estimator) * batch["mask"]).sum(-1)
+        if dummy:
+            continue
         for i, value in zip(idx, per_seq.tolist(), strict=True):
             out[i] = value
     return out
@@ -125,13 +137,19 @@ def empty_stats() -> dict[str, float]:
 
 
 def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample], cfg: TrainerConfig,
-                  temperature: float, seed: int = 0) -> dict[str, float]:
+                  temperature: float, seed: int = 0, reduce: Reduce | None = None) -> dict[str, float]:
     """PPO-clip/GRPO updates over ``samples``: ``ppo_epochs`` x ``mini_batches`` optimizer steps.
 
     Nothing to train on (no samples, or no sampled token) is a step with ``updates: 0``, not an error.
+    With ``reduce`` (data parallelism, see the module doc) ``samples`` is this rank's slice.
     """
     stats = empty_stats()
     samples = [s for s in samples if any(s.mask)]
+    if reduce is not None:
+        least, total = reduce([float(len(samples))], "min")[0], reduce([float(len(samples))], "sum")[0]
+        if total and not least:
+            raise ValueError("policy_update: a rank has no episode with a sampled token while others do; "
+                             "give every rank at least one")
     if not samples:
         return stats
     device = policy.device
@@ -139,6 +157,9 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     masks = [torch.tensor(s.mask, dtype=torch.float) for s in samples]
     norm_length = max(int(m.sum()) for m in masks)  # Dr.GRPO's constant: the longest response of this update
     stats["trained_tokens"] = float(sum(float(m.sum()) for m in masks))
+    if reduce is not None:
+        norm_length = int(reduce([float(norm_length)], "max")[0])
+        stats["trained_tokens"] = reduce([stats["trained_tokens"]], "sum")[0]
     # The policy before this update (and the reference), scored once per episode in eval mode.
     old: list[torch.Tensor] = [torch.empty(0)] * len(samples)
     ref: list[torch.Tensor] | None = None
@@ -146,30 +167,35 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     if use_kl:
         ref = [torch.empty(0)] * len(samples)
     mismatch_sum = 0.0
-    for idx in micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens):
+    for idx, dummy in _same_count(micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens), reduce):
         b = collate([samples[i] for i in idx], device)
         lp = score_logprobs(model, b, temperature)
-        mismatch_sum += float(((lp - b["sampler"]).abs() * b["mask"]).sum())
         if ref is not None:
             with policy.as_reference() as reference:
                 rlp = score_logprobs(reference, b, temperature)
+        if dummy:
+            continue
+        mismatch_sum += float(((lp - b["sampler"]).abs() * b["mask"]).sum())
         for row, i in enumerate(idx):
             n = len(samples[i].mask)
             old[i] = lp[row, :n].cpu()
             if ref is not None:
                 ref[i] = rlp[row, :n].cpu()
+    if reduce is not None:
+        mismatch_sum = reduce([mismatch_sum], "sum")[0]
     stats["sampler_trainer_logprob_diff"] = mismatch_sum / max(1.0, stats["trained_tokens"])
     rng = random.Random(seed)
+    parts = cfg.mini_batches if reduce is None else int(reduce([float(min(cfg.mini_batches, len(samples)))], "min")[0])
     steps = 0
     sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm"), 0.0)
     was_training = model.training
     model.train()
     try:
         for _ in range(cfg.ppo_epochs):
-            for episodes in split_episodes(len(samples), cfg.mini_batches, rng):
+            for episodes in split_episodes(len(samples), parts, rng):
                 _optimizer_step(policy, optimizer, [samples[i] for i in episodes], [old[i] for i in episodes],
                                 [ref[i] for i in episodes] if ref is not None else None,
-                                [masks[i] for i in episodes], norm_length, cfg, temperature, sums)
+                                [masks[i] for i in episodes], norm_length, cfg, temperature, sums, reduce)
                 scheduler.step()
                 steps += 1
     finally:
@@ -182,16 +208,24 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
 
 def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[torch.Tensor],
                     ref: list[torch.Tensor] | None, masks: list[torch.Tensor], norm_length: int,
-                    cfg: TrainerConfig, temperature: float, sums: dict[str, float]) -> None:
+                    cfg: TrainerConfig, temperature: float, sums: dict[str, float], reduce: Reduce | None = None) -> None:
     """One optimizer step over these episodes; adds this step's stats to ``sums``."""
     device = policy.device
     weights = aggregation_weights(masks, cfg.loss_aggregation, norm_length)
-    token_share = [m / max(1.0, float(sum(x.sum() for x in masks))) for m in masks]  # token means (stats, entropy)
+    tokens = float(sum(x.sum() for x in masks))
+    if reduce is not None:  # the local denominators made global (weights scale by local / global)
+        local = [tokens, float(sum(1 for m in masks if m.sum() > 0)), float(len(masks))]
+        total = reduce(local, "sum")
+        which = {"token_mean": 0, "seq_mean_token_mean": 1, "seq_mean_token_sum_norm": 2}[cfg.loss_aggregation]
+        weights = [w * (max(1.0, local[which]) / max(1.0, total[which])) for w in weights]
+        tokens = total[0]
+    token_share = [m / max(1.0, tokens) for m in masks]  # token means (stats, entropy)
     optimizer.zero_grad(set_to_none=True)
     step = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction"), 0.0)
-    for idx in micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens):
-        b = collate([samples[i] for i in idx], device, [weights[i] for i in idx])
-        share = collate([samples[i] for i in idx], device, [token_share[i] for i in idx])["weight"]
+    for idx, dummy in _same_count(micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens), reduce):
+        zero = [0.0 * weights[i] for i in idx] if dummy else None  # a repeated micro-batch: forwards, adds nothing
+        b = collate([samples[i] for i in idx], device, zero or [weights[i] for i in idx])
+        share = collate([samples[i] for i in idx], device, zero or [token_share[i] for i in idx])["weight"]
         width = b["mask"].shape[1]
         old_b = _pad([old[i] for i in idx], width, device)
         logp, entropy = token_logprobs(policy.model, b["ids"], b["attn"], temperature, with_entropy=True,
@@ -214,10 +248,24 @@ def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[
         step["entropy"] += float(ent.detach())
         step["clip_fraction"] += float((clipped * share).sum())
     norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip)
+    if hasattr(norm, "full_tensor"):  # sharded (DTensor) gradients: the global norm
+        norm = norm.full_tensor()
     optimizer.step()
+    if reduce is not None:
+        step = dict(zip(step, reduce(list(step.values()), "sum"), strict=True))
     for key, value in step.items():
         sums[key] += value
     sums["grad_norm"] += float(norm)
+
+
+def _same_count(batches: list[list[int]], reduce: Reduce | None) -> list[tuple[list[int], bool]]:
+    """(micro-batch, is a repeat) pairs: with ``reduce``, as many as the rank with the most micro-batches has
+    (every rank must run the same number of forwards for FSDP's collectives); repeats add nothing."""
+    out = [(b, False) for b in batches]
+    if reduce is not None:
+        most = int(reduce([float(len(batches))], "max")[0])
+        out += [(batches[0], True)] * (most - len(batches))
+    return out
 
 
 def _pad(rows: list[torch.Tensor], width: int, device) -> torch.Tensor:
