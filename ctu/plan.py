@@ -1,0 +1,315 @@
+"""A per-GPU memory plan for ``ctu train``: what each part needs, and whether it fits (before loading anything).
+
+Shapes come from the model's ``config.json`` when the path is a local directory (or in the local HF cache),
+else from :data:`ARCHITECTURES` (the presets' models and the built-ins); nothing is downloaded or loaded.
+``P`` = parameters, ``N`` = GPUs, ``b`` = bytes of the compute dtype (bf16 on CUDA: 2), ``T`` = tokens of the
+largest micro-batch = max(trainer.micro_batch_tokens, env.max_context_tokens) (a longer episode gets a
+micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
+
+- weights: full fine-tuning keeps fp32 masters (4P) and always a frozen reference copy in the compute dtype
+  (bP, built by ``build_policy`` whatever ``kl_coef``); LoRA keeps the base in the compute dtype (bP) and fp32
+  adapters (4P_lora); the LoRA reference is the same model with adapters disabled (no copy).
+- gradients fp32 (4 x trainable); AdamW state fp32 (8 x trainable); the optimizer step adds a temporary of
+  4 x trainable on CUDA (foreach AdamW's sqrt(exp_avg_sq) copy; on CPU the for-loop adds its largest tensor).
+- activations, per token and decoder layer, adapted from Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models" (sbh(34 + 5as/h) for GPT) to Llama/Qwen: SDPA/flash attention
+  (no s^2 scores), no dropout, SwiGLU and GQA:
+      A = b (2q + 2kv + 4i) + 2 (8 + b) h [+ LoRA: b * sum over adapted modules (r + in_features if b < 4)]
+  (q = heads*head_dim, kv = kv_heads*head_dim, i = intermediate: rotated q/k, v, attention output; gate,
+  silu(gate), up, their product; two RMSNorms with fp32 internals; peft's autocast copy of each adapter
+  input). Without checkpointing: (L + 1) A T (the +1: one layer's activation gradients in backward). With
+  checkpointing only each layer's input is kept (r_bytes h per layer; r_bytes = 4 in full fine-tuning, whose
+  fp32 embedding makes the residual stream fp32) plus one layer recomputed and its gradients: (L r h + 2A) T.
+  Both add (r + 8 + 2b) h T for the embedding output, final norm and gathered hidden states.
+- logit chunk: C = min(LOGIT_BUDGET, T V) fp32 elements (ctu.train.logprobs), held 6 times in the chunk's
+  backward (its recompute saves logits, log_softmax, exp and the entropy product; two gradients in flight) plus
+  the lm_head output in the compute dtype, plus (full fine-tuning) one lm_head weight gradient V h 4 computed
+  per chunk before it is accumulated.
+- FSDP2 (N > 1): the root's unsharded embedding/lm_head (kept for the whole forward) and two gathered layers
+  (one prefetched), in the compute dtype.
+- vLLM (engine.kind=vllm, one engine per GPU, no tensor parallelism): gpu_memory_utilization x GPU memory,
+  holding its bf16 weights (2P), its profiling peak (~1 GiB + 8192 batched tokens of MLP activations) and the
+  KV cache (the rest, which must hold one env.max_context_tokens sequence). Colocated engines sleep (level 1:
+  weights to CPU, KV cache freed) during updates, so their fraction counts during rollouts only and a residue
+  of VLLM_ASLEEP (CUDA context and graphs) during training; a non-colocated engine stays awake on the same GPU
+  (that is what ``engine.colocated=false`` does in one process), so its fraction counts in both phases.
+- hf engine: rollouts run on the policy itself; its KV cache is bounded by max_batch_size x max_context_tokens.
+- overhead: the trainer's CUDA context (CUDA_CONTEXT) + 5% of the trainer's allocations for fragmentation.
+
+Peak = max(training phase, rollout phase); training = persistent (weights, reference, optimizer state) +
+gradients + max(activations + logit chunk + FSDP buffers, optimizer-step temporary) + vLLM (asleep or awake);
+rollout = persistent + gradients (they stay allocated until the next ``zero_grad``) + engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GiB = 1 << 30
+LOGIT_BUDGET = 1 << 25  # = ctu.train.logprobs.LOGIT_BUDGET (checked by a unit test; not imported: no torch here)
+CUDA_CONTEXT = int(0.75 * GiB)
+VLLM_ASLEEP = 1 * GiB
+VLLM_BATCHED_TOKENS = 8192
+FRAGMENTATION = 0.05
+
+
+@dataclass(frozen=True)
+class Arch:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    head_dim: int | None = None
+    qkv_bias: bool = False  # Qwen2/2.5
+    qk_norm: bool = False  # Qwen3
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+
+ARCHITECTURES = {  # from each model's config.json on the Hugging Face hub
+    "qwen2.5-0.5b": Arch(896, 24, 14, 2, 4864, 151936, True, qkv_bias=True),
+    "qwen2.5-1.5b": Arch(1536, 28, 12, 2, 8960, 151936, True, qkv_bias=True),
+    "qwen2.5-3b": Arch(2048, 36, 16, 2, 11008, 151936, True, qkv_bias=True),
+    "qwen2.5-7b": Arch(3584, 28, 28, 4, 18944, 152064, False, qkv_bias=True),
+    "qwen3-4b": Arch(2560, 36, 32, 8, 9728, 151936, True, head_dim=128, qk_norm=True),
+    "qwen3-8b": Arch(4096, 36, 32, 8, 12288, 151936, False, head_dim=128, qk_norm=True),
+    "smollm2-135m": Arch(576, 30, 9, 3, 1536, 49152, True),
+    "tiny-random": Arch(64, 2, 4, 2, 128, 49152, True, head_dim=16),  # ctu.models._build_tiny_random
+}
+
+
+def arch_from_config(cfg: dict) -> Arch:
+    """An :class:`Arch` from a Hugging Face ``config.json`` dict (Llama, Mistral, Qwen2, Qwen3 shapes)."""
+    model_type = cfg.get("model_type", "")
+    return Arch(hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=cfg["num_attention_heads"],
+                kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+                intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
+                tied=bool(cfg.get("tie_word_embeddings", model_type != "qwen2")), head_dim=cfg.get("head_dim"),
+                qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias")), qk_norm=model_type == "qwen3")
+
+
+def resolve_arch(path: str) -> Arch:
+    """Shapes for ``model.path`` without loading weights: local config.json, the table, or the local HF cache."""
+    local = Path(path).expanduser()
+    if (local / "config.json").is_file():
+        return arch_from_config(json.loads((local / "config.json").read_text()))
+    key = path.rstrip("/").rsplit("/", 1)[-1].lower().removesuffix("-instruct")
+    if key in ARCHITECTURES:
+        return ARCHITECTURES[key]
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(path, "config.json")
+        if isinstance(cached, str):
+            return arch_from_config(json.loads(Path(cached).read_text()))
+    except Exception:  # noqa: BLE001 - not a hub name, no cache: fall through to the one-line error
+        pass
+    raise ValueError(f"model.path '{path}': unknown architecture (known: {', '.join(ARCHITECTURES)}); "
+                     "give a local directory with a config.json")
+
+
+def parameter_count(a: Arch) -> int:
+    q, kv = a.heads * a.hd, a.kv_heads * a.hd
+    attn = a.hidden * q + 2 * a.hidden * kv + q * a.hidden
+    attn += (q + 2 * kv) if a.qkv_bias else 0
+    attn += 2 * a.hd if a.qk_norm else 0
+    layer = attn + 3 * a.hidden * a.intermediate + 2 * a.hidden
+    return a.vocab * a.hidden * (1 if a.tied else 2) + a.layers * layer + a.hidden
+
+
+def _module_shapes(a: Arch) -> dict[str, tuple[int, int]]:
+    q, kv = a.heads * a.hd, a.kv_heads * a.hd
+    return {"q_proj": (a.hidden, q), "k_proj": (a.hidden, kv), "v_proj": (a.hidden, kv), "o_proj": (q, a.hidden),
+            "gate_proj": (a.hidden, a.intermediate), "up_proj": (a.hidden, a.intermediate),
+            "down_proj": (a.intermediate, a.hidden)}
+
+
+def lora_parameter_count(a: Arch, rank: int, targets: list[str]) -> int:
+    shapes = _module_shapes(a)
+    return a.layers * sum(rank * (i + o) for t, (i, o) in shapes.items() if t in targets)
+
+
+def activation_bytes_per_token_layer(a: Arch, b: int, lora_rank: int = 0, targets: tuple[str, ...] = ()) -> int:
+    q, kv = a.heads * a.hd, a.kv_heads * a.hd
+    out = b * (2 * q + 2 * kv + 4 * a.intermediate) + 2 * (8 + b) * a.hidden
+    if lora_rank:
+        out += b * sum(lora_rank + (i if b < 4 else 0) for t, (i, _) in _module_shapes(a).items() if t in targets)
+    return out
+
+
+def kv_bytes_per_token(a: Arch, b: int = 2) -> int:
+    return 2 * a.layers * a.kv_heads * a.hd * b
+
+
+@dataclass
+class Plan:
+    """Bytes per GPU for each part; ``fits`` when the peak phase is within ``gpu_memory``."""
+
+    model: str
+    gpus: int
+    gpu_memory: int
+    parameters: int
+    trainable: int
+    parts: dict[str, int] = field(default_factory=dict)  # component -> bytes per GPU
+    activations_other: tuple[str, int] = ("", 0)  # the activations under the other checkpointing setting
+    train_total: int = 0
+    rollout_total: int = 0
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what does not fit, and by how much
+
+    @property
+    def total(self) -> int:
+        return max(self.train_total, self.rollout_total)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def render(self) -> str:
+        gib = lambda n: f"{n / GiB:9.2f} GiB"  # noqa: E731
+        lines = [f"memory plan: {self.model}  ({self.parameters / 1e9:.3f} B parameters, "
+                 f"{self.trainable / 1e6:.1f} M trainable)  on {self.gpus} x {self.gpu_memory / GiB:.0f} GiB",
+                 f"{'per GPU':<46}{'':>13}"]
+        lines += [f"  {name:<44}{gib(value)}" for name, value in self.parts.items()]
+        other, value = self.activations_other
+        lines.append(f"  ({other:<42}{gib(value)})")
+        lines += [f"{'training phase (peak)':<46}{gib(self.train_total)}",
+                  f"{'rollout phase (peak)':<46}{gib(self.rollout_total)}",
+                  f"{'GPU memory':<46}{gib(self.gpu_memory)}"]
+        lines += [f"note: {n}" for n in self.notes]
+        lines.append("fits" if self.fits else "DOES NOT FIT: " + "; ".join(self.problems))
+        return "\n".join(lines)
+
+
+def plan(config, gpus: int = 1, gpu_memory_gb: float = 80.0, device: str = "cuda") -> Plan:
+    """The memory plan of ``config`` on ``gpus`` GPUs of ``gpu_memory_gb`` GiB each (``device="cpu"``: one
+    process's RAM, no CUDA context and no vLLM, for comparison with measured CPU peaks)."""
+    if gpus < 1 or gpu_memory_gb <= 0:
+        raise ValueError(f"need gpus >= 1 and gpu memory > 0, got {gpus} x {gpu_memory_gb} GiB")
+    a = resolve_arch(config.model.path)
+    cuda = device != "cpu"
+    dtype = config.model.dtype
+    b = {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 2 if cuda else 4)
+    n, memory = gpus, int(gpu_memory_gb * GiB)
+    p = parameter_count(a)
+    lora = config.lora.enabled
+    targets = tuple(config.lora.target_modules)
+    t = config.trainer
+    trainable = lora_parameter_count(a, config.lora.rank, list(targets)) if lora else p
+    parts: dict[str, int] = {}
+    if lora:
+        parts["weights (base, compute dtype)"] = b * p // n
+        parts["weights (LoRA adapters, fp32)"] = 4 * trainable // n
+    else:
+        parts["weights (fp32 masters)"] = 4 * p // n
+        parts["reference (frozen copy)"] = b * p // n
+    parts["gradients (fp32)"] = 4 * trainable // n
+    parts["optimizer state (AdamW, fp32)"] = 8 * trainable // n
+    persistent = sum(parts.values()) - parts["gradients (fp32)"]
+    tokens = max(t.micro_batch_tokens, config.env.max_context_tokens)
+    layer = activation_bytes_per_token_layer(a, b, config.lora.rank if lora else 0, targets)
+    residual = b if lora else 4
+    edges = (residual + 8 + 2 * b) * a.hidden * tokens
+    act_ckpt = (a.layers * residual * a.hidden + 2 * layer) * tokens + edges
+    act_full = (a.layers + 1) * layer * tokens + edges
+    name = f"activations ({tokens} tokens, {{}})"
+    if t.gradient_checkpointing:
+        parts[name.format("checkpointed")] = act_ckpt
+        other = (name.format("without checkpointing"), act_full)
+    else:
+        parts[name.format("no checkpointing")] = act_full
+        other = (name.format("with checkpointing"), act_ckpt)
+    chunk = min(LOGIT_BUDGET, tokens * a.vocab)
+    parts["logit chunk"] = chunk * (24 + (b if b < 4 else 0)) + (0 if lora else 4 * a.vocab * a.hidden)
+    if n > 1:
+        root = a.vocab * a.hidden * (1 if a.tied else 2)
+        parts["FSDP2 gather buffers"] = b * (root + 2 * (p - root) // a.layers)
+    step_temp = 4 * trainable // n if cuda else 4 * (a.vocab * a.hidden if not lora else trainable // a.layers)
+    forward = parts[next(k for k in parts if k.startswith("activations"))] + parts["logit chunk"]
+    forward += parts.get("FSDP2 gather buffers", 0)
+    notes, problems = [], []
+    train = persistent + parts["gradients (fp32)"] + max(forward, step_temp)
+    rollout = persistent + parts["gradients (fp32)"]
+    kind = config.engine.kind
+    if kind == "vllm" and cuda:
+        fraction = int(config.engine.gpu_memory_utilization * memory)
+        parts["vLLM weights (bf16)"] = 2 * p
+        parts["vLLM profiling peak"] = GiB + VLLM_BATCHED_TOKENS * (4 * a.intermediate + 4 * a.hidden) * 2
+        kv = fraction - parts["vLLM weights (bf16)"] - parts["vLLM profiling peak"]
+        parts["vLLM KV cache"] = max(0, kv)
+        need_kv = kv_bytes_per_token(a) * config.env.max_context_tokens
+        if kv < need_kv:
+            problems.append(f"vLLM KV cache: {max(0, kv) / GiB:.2f} GiB left of gpu_memory_utilization="
+                            f"{config.engine.gpu_memory_utilization} x {gpu_memory_gb:g} GiB, one "
+                            f"{config.env.max_context_tokens}-token sequence needs {need_kv / GiB:.2f} GiB "
+                            f"(short by {(need_kv - max(0, kv)) / GiB:.2f} GiB)")
+        else:
+            notes.append(f"vLLM KV cache holds {kv // kv_bytes_per_token(a)} tokens "
+                         f"({kv // need_kv} sequences of {config.env.max_context_tokens})")
+        rollout += fraction
+        if config.engine.colocated:
+            parts["vLLM asleep (during updates)"] = VLLM_ASLEEP
+            train += VLLM_ASLEEP
+        else:
+            train += fraction
+            notes.append("engine.colocated=false: vLLM stays awake on this GPU during updates")
+    elif kind == "hf":
+        parts["hf engine KV cache (bound)"] = (kv_bytes_per_token(a, b) * config.engine.max_batch_size
+                                               * config.env.max_context_tokens)
+        rollout += parts["hf engine KV cache (bound)"]
+    overhead = int(FRAGMENTATION * max(train, rollout)) + (CUDA_CONTEXT if cuda else 0)
+    parts["overhead (context, fragmentation)"] = overhead
+    train, rollout = train + overhead, rollout + overhead
+    for phase, total in (("training", train), ("rollout", rollout)):
+        if total > memory:
+            problems.insert(0, f"{phase} phase needs {total / GiB:.1f} GiB per GPU, {gpus} x {gpu_memory_gb:g} "
+                               f"GiB has {memory / GiB:.1f} (short by {(total - memory) / GiB:.1f} GiB)")
+    if n > 1 and not getattr(getattr(config, "distributed", None), "trainer_workers", 0):
+        notes.append(f"{n} GPUs assume FSDP2 FULL_SHARD over {n} trainer ranks")
+    return Plan(config.model.path, gpus, memory, p, trainable, parts, other, train, rollout, notes, problems)
+
+
+def check_fits(config, gpus: int = 1, gpu_memory_gb: float = 80.0) -> Plan:
+    """The plan, or a one-line ValueError naming what does not fit and by how much."""
+    result = plan(config, gpus, gpu_memory_gb)
+    if not result.fits:
+        raise ValueError(f"memory plan: {config.model.path} does not fit on {gpus} x {gpu_memory_gb:g} GiB: "
+                         + "; ".join(result.problems) + " (see `ctu plan`)")
+    return result
+
+
+def cuda_hardware() -> tuple[int, float] | None:
+    """(visible GPUs, GiB of the smallest) when CUDA is available, else None: what ``ctu train`` checks."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    count = torch.cuda.device_count()
+    return count, min(torch.cuda.get_device_properties(i).total_memory for i in range(count)) / GiB
+
+
+def main(argv=None) -> int:
+    """``ctu plan CONFIG [k=v ...] [--gpus N] [--gpu-memory GB]``: print the plan; 0 if it fits, else 1."""
+    from ctu.config import load_config
+
+    parser = argparse.ArgumentParser(prog="ctu plan", description="Per-GPU memory plan of a training config.")
+    parser.add_argument("config")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default 80)")
+    args = parser.parse_args(argv)
+    result = plan(load_config(args.config, args.overrides), args.gpus, args.gpu_memory)
+    print(result.render())
+    return 0 if result.fits else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
