@@ -92,7 +92,7 @@ def arch_from_config(cfg: dict) -> Arch:
     return Arch(hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=cfg["num_attention_heads"],
                 kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
                 intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
-                tied=bool(cfg.get("tie_word_embeddings", model_type != "qwen2")), head_dim=cfg.get("head_dim"),
+                tied=bool(cfg.get("tie_word_embeddings", False)), head_dim=cfg.get("head_dim"),
                 qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias")), qk_norm=model_type == "qwen3")
 
 
@@ -265,9 +265,9 @@ def plan(config, gpus: int = 1, gpu_memory_gb: float = 80.0, device: str = "cuda
         parts["hf engine KV cache (bound)"] = (kv_bytes_per_token(a, b) * config.engine.max_batch_size
                                                * config.env.max_context_tokens)
         rollout += parts["hf engine KV cache (bound)"]
-    overhead = int(FRAGMENTATION * max(train, rollout)) + (CUDA_CONTEXT if cuda else 0)
-    parts["overhead (context, fragmentation)"] = overhead
-    train, rollout = train + overhead, rollout + overhead
+    context = CUDA_CONTEXT if cuda else 0
+    train, rollout = (int(x * (1 + FRAGMENTATION)) + context for x in (train, rollout))
+    parts["overhead (context, fragmentation)"] = context + int(FRAGMENTATION * max(train, rollout) / (1 + FRAGMENTATION))
     for phase, total in (("training", train), ("rollout", rollout)):
         if total > memory:
             problems.insert(0, f"{phase} phase needs {total / GiB:.1f} GiB per GPU, {gpus} x {gpu_memory_gb:g} "
@@ -304,7 +304,7 @@ def main(argv=None) -> int:
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     parser.add_argument("--gpus", type=int, default=1)
-    parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default 80)")
+    parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU as torch reports it (default 80; an 80 GB H100/A100 has ~79.2, a 141 GB H200 ~139.8)")
     args = parser.parse_args(argv)
     result = plan(load_config(args.config, args.overrides), args.gpus, args.gpu_memory)
     print(result.render())
