@@ -6,8 +6,17 @@ from pathlib import Path
 import pytest
 
 from ctu.config import load_config
-from ctu.plan import (ARCHITECTURES, LOGIT_BUDGET, Arch, arch_from_config, check_fits, lora_parameter_count, main,
-                      parameter_count, plan)
+from ctu.plan import (
+    ARCHITECTURES,
+    LOGIT_BUDGET,
+    Arch,
+    arch_from_config,
+    check_fits,
+    lora_parameter_count,
+    main,
+    parameter_count,
+    plan,
+)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SEVEN_B = str(CONFIGS / "qwen2.5-7b-multidomain.yaml")
@@ -25,8 +34,7 @@ def _cfg(path=None, *overrides):
 ])
 def test_parameter_count_equals_random_model(arch, extra):
     import torch
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
            "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
