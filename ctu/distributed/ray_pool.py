@@ -1,0 +1,293 @@
+"""Rollouts on Ray actors: each worker holds its own engine, the domains, the chat format and the user simulator.
+
+Workers are built from the :class:`~ctu.config.Config` inside the actor (domains and engines are not shipped).
+A call's episodes are split into contiguous chunks, one per live worker, sent as ``(domain, task id, sample)``
+keys with the chunk's start index: episode ``i`` is seeded ``seed + i`` on any worker (see
+:mod:`ctu.distributed.pool`), so the Ray pool samples what the in-process pool samples.
+
+Weights: ``update_weights`` puts the merged tensors in the object store once (``ray.put``) and every worker
+loads that one object. The pool keeps the last reference and version; every ``run`` carries them, and a
+worker whose version differs (a restarted one) loads them before it plays anything.
+
+Faults: workers restart (``max_restarts``). A chunk whose worker died is re-run once on the restarted worker;
+if that fails too its episodes come back errored (``stop_reason="error"``, with the reason) and the worker is
+no longer given episodes. ``ray`` is imported lazily: ``ctu`` imports without it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from ctu.distributed.pool import (
+    PROBE_PROMPT,
+    NamedTensors,
+    ResultsEngine,
+    RolloutPool,
+    ScoreFn,
+    SpecKey,
+    contiguous_chunks,
+    errored_trajectory,
+    limits_of,
+    probe_parity,
+    rebuild_specs,
+    run_chunk,
+)
+from ctu.engines.base import SamplingParams
+from ctu.rollout import EpisodeSpec, Trajectory
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError("Ray rollout workers need ray: pip install 'ctu[distributed]'") from exc
+    return ray
+
+
+class RolloutWorker:
+    """One rollout worker (the body of a Ray actor; plain Python, so it also runs in-process).
+
+    ``fault_file`` is for fault tests: a file holding a count; while it is positive, each ``run`` decrements it
+    and kills this process (``os._exit``) after its first finished episode — a worker dying mid-step.
+    """
+
+    def __init__(self, config, fault_file: str | None = None):
+        import torch
+
+        from ctu import components as build
+        from ctu.models import load_model, load_tokenizer
+
+        self.config = config
+        self.fault_file = fault_file
+        tokenizer = load_tokenizer(config.model.path)
+        model = None
+        if config.engine.kind == "hf":  # its own copy of the model, in the policy's compute dtype
+            dtype = getattr(torch, config.model.dtype) if config.model.dtype != "auto" else None
+            model = load_model(config.model.path, dtype=dtype)
+        self.engine = build.build_engine(config, model=model, tokenizer=tokenizer)
+        self.chat = build.build_chat(config, tokenizer=tokenizer)
+        self.user = build.build_user(config)
+        self.domains = build.build_domains(config)
+        self.limits = limits_of(config)
+        self._judge = None
+        self.version = -1
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def load_weights(self, weights: dict, version: int) -> int:
+        self.engine.update_weights(weights.items())
+        self.version = version
+        return version
+
+    def catch_up(self, weights_box: list | None, version: int) -> None:
+        """Load the pool's latest weights if this worker has not (a restarted worker starts from the base model)."""
+        if weights_box is not None and version != self.version:
+            import ray
+
+            self.load_weights(ray.get(weights_box[0]), version)
+
+    def run(self, keys: Sequence[SpecKey], params: SamplingParams, seed: int, start: int, judge_enabled: bool,
+            weights_box: list | None, version: int) -> list[Trajectory]:
+        """Episodes ``start .. start + len(keys)`` of a call seeded ``seed``; first catch up to ``version``."""
+        self.catch_up(weights_box, version)
+        judge = None
+        if judge_enabled:
+            if self._judge is None:
+                from ctu.components import build_judge
+
+                self._judge = build_judge(self.config)
+            judge = self._judge
+        on_done = (lambda _trajectory: os._exit(1)) if self._take_fault() else None
+        return run_chunk(rebuild_specs(keys, self.domains), self.chat, self.engine, self.user, params, self.limits,
+                         seed=seed, start=start, judge=judge, concurrency=self.config.eval.concurrency,
+                         max_batch_size=self.config.engine.max_batch_size, on_done=on_done)
+
+    def _take_fault(self) -> bool:
+        if not self.fault_file:
+            return False
+        path = Path(self.fault_file)
+        left = int(path.read_text().strip() or 0) if path.exists() else 0
+        if left <= 0:
+            return False
+        path.write_text(str(left - 1))
+        return True
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, weights_box: list | None = None,
+                 version: int = -1) -> list:
+        self.catch_up(weights_box, version)
+        sync = getattr(self.engine, "generate_sync", None)
+        if sync is not None:
+            return sync(prompts, params)
+        import asyncio
+
+        return asyncio.run(self.engine.generate(prompts, params))
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
+
+class RayPool(RolloutPool):
+    """``num_workers`` :class:`RolloutWorker` Ray actors built from ``config``.
+
+    ``address``: a running cluster to join (``"auto"``); None starts a local one unless Ray is already
+    initialised. ``num_cpus``/``num_gpus``: per worker. ``max_restarts``: how often Ray restarts a dead worker;
+    ``restart_timeout_s``: how long a rerun waits for the restart.
+    ``fault_files``: worker index -> fault file (tests; see :class:`RolloutWorker`).
+    """
+
+    def __init__(self, config, num_workers: int, address: str | None = None, *, num_cpus: float = 1,
+                 num_gpus: float = 0, max_restarts: int = 2, restart_timeout_s: float = 300.0,
+                 fault_files: dict[int, str] | None = None):
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        ray = _import_ray()
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        self.config = config
+        self.restart_timeout_s = restart_timeout_s
+        remote = ray.remote(RolloutWorker).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
+                                                   max_task_retries=0)
+        faults = fault_files or {}
+        self.workers = [remote.remote(config, faults.get(k)) for k in range(num_workers)]
+        self.dead: set[int] = set()  # workers that failed a chunk twice: given no more episodes
+        self.weights_ref = None  # the last weights put in the object store, and their version
+        self.version = -1
+        self.reruns = 0  # chunks re-run after a worker died (all calls)
+        ray.get([w.pid.remote() for w in self.workers])  # built (model loaded) before the first step
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+    def live(self) -> list[int]:
+        return [k for k in range(len(self.workers)) if k not in self.dead]
+
+    def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int,
+            judge_enabled: bool = False) -> list[Trajectory]:
+        ray = _import_ray()
+        from ray.exceptions import RayActorError
+
+        keys = [SpecKey.of(s) for s in specs]
+        if not keys:
+            return []
+        live = self.live()
+        if not live:
+            raise RuntimeError("every rollout worker has died: no worker left to run episodes")
+        box = self._box()
+        chunks = dict(zip(live, contiguous_chunks(len(keys), len(live)), strict=False))
+        results: list[Trajectory | None] = [None] * len(keys)
+
+        def submit(k: int):
+            a, b = chunks[k]
+            return self.workers[k].run.remote(keys[a:b], params, seed, a, judge_enabled, box, self.version)
+
+        pending = {submit(k): (k, 0) for k in chunks}
+        while pending:
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            k, attempt = pending.pop(ref)
+            a, b = chunks[k]
+            try:
+                results[a:b] = ray.get(ref)
+            except RayActorError as exc:
+                if attempt == 0 and self._await_restart(k):  # the rerun first loads the latest weights
+                    self.reruns += 1
+                    pending[submit(k)] = (k, 1)
+                    continue
+                self.dead.add(k)
+                why = "died twice" if attempt else "died and was not restarted"
+                reason = f"rollout worker {k} {why} running these episodes: {str(exc).splitlines()[0]}"
+                results[a:b] = [errored_trajectory(key, reason) for key in keys[a:b]]
+        return results  # type: ignore[return-value]
+
+    def _await_restart(self, k: int) -> bool:
+        """Wait until Ray has restarted worker ``k`` (True), or it is dead for good or not back in time (False)."""
+        ray = _import_ray()
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        deadline = time.monotonic() + self.restart_timeout_s
+        died = 0
+        while time.monotonic() < deadline:
+            try:
+                ray.get(self.workers[k].pid.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                return True
+            except ActorUnavailableError:  # restarting
+                time.sleep(0.2)
+            except RayActorError:  # dead: for good once Ray has no restart left (a few tries cover the hand-over)
+                died += 1
+                if died >= 10:
+                    return False
+                time.sleep(0.5)
+            except ray.exceptions.GetTimeoutError:
+                break
+        return False
+
+    def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        """``ray.put`` the weights once; every live worker loads that object. A worker that died meanwhile
+        is skipped here: Ray restarts it and its next call loads these weights first."""
+        ray = _import_ray()
+        self.weights_ref = ray.put({name: _cpu(tensor) for name, tensor in named_tensors})
+        self.version = version
+        self._broadcast("load_weights", self.weights_ref, version, tolerate_deaths=True)
+
+    def _box(self) -> list | None:
+        return None if self.weights_ref is None else [self.weights_ref]
+
+    def parity(self, score_fn: ScoreFn, *, temperature: float = 1.0, tokens: int = 16, seed: int = 0,
+               prompt_ids: Sequence[int] = PROBE_PROMPT) -> list[float]:
+        """One probe diff per worker, each on the latest weights (workers no longer given episodes: NaN, which
+        fails ``check_parity``)."""
+        ray = _import_ray()
+        params = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=tokens, seed=seed)
+        live = self.live()
+        refs = [self.workers[k].generate.remote([list(prompt_ids)], params, self._box(), self.version) for k in live]
+        samples = dict(zip(live, ray.get(refs), strict=True))
+        out = []
+        for k in range(len(self.workers)):
+            if k not in samples:
+                out.append(float("nan"))
+                continue
+            engine = ResultsEngine(lambda _prompts, _params, got=samples[k]: got)
+            out.append(probe_parity(engine, score_fn, prompt_ids, temperature=temperature, tokens=tokens, seed=seed))
+        return out
+
+    def sleep(self) -> None:
+        self._broadcast("sleep")
+
+    def wake_up(self) -> None:
+        self._broadcast("wake_up")
+
+    def _broadcast(self, method: str, *args, tolerate_deaths: bool = False) -> list:
+        ray = _import_ray()
+        from ray.exceptions import RayActorError
+
+        refs = [getattr(self.workers[k], method).remote(*args) for k in self.live()]
+        if not tolerate_deaths:
+            return ray.get(refs)
+        out = []
+        for ref in refs:
+            try:
+                out.append(ray.get(ref))
+            except RayActorError:
+                out.append(None)
+        return out
+
+    def close(self) -> None:
+        ray = _import_ray()
+        for worker in self.workers:
+            ray.kill(worker, no_restart=True)
+        self.workers = []
+        self.weights_ref = None
+
+
+def _cpu(tensor):
+    import torch
+
+    t = torch.as_tensor(tensor).detach()
+    return t.to("cpu").contiguous() if t.device.type != "cpu" else t.contiguous()
