@@ -26,6 +26,9 @@ from ctu.train.checkpoint import COMPLETE, list_checkpoints, rng_state, set_rng_
 __all__ = ["latest_sharded", "load_sharded", "save_sharded"]
 
 _OPTIONS = StateDictOptions(ignore_frozen_params=True)  # LoRA: the adapters only; full fine-tuning: all
+# Loading: the frozen weights are not in the checkpoint (strict=False); every trainable one must be (dcp.load
+# refuses a checkpoint that lacks a requested key).
+_LOAD_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 def _distributed() -> bool:
@@ -85,7 +88,7 @@ def load_sharded(path: str | Path, *, policy, optimizer, scheduler) -> tuple[int
     state = {"model": model_state, "optimizer": optim_state}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(policy.model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                   options=_OPTIONS)
+                   options=_LOAD_OPTIONS)
     saved = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     scheduler.load_state_dict(saved["scheduler"])
     set_rng_state(saved["rng"])

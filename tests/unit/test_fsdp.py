@@ -226,15 +226,23 @@ def test_two_rank_update_equals_the_single_process_update(case, distributed, mod
         assert diff <= 1e-4 * scale, (name, diff, scale)
 
 
-def test_reduce_none_keeps_the_denominators_local(model_path):
-    """Without the hook each rank's half would be normalised by its own tokens: the check above can fail."""
-    cfg, policy = make_policy(model_path, CASES["lora-token_mean"][0])
-    half = update(policy, cfg, episodes()[:SPLIT[0]], 0.05)
-    cfg, policy = make_policy(model_path, CASES["lora-token_mean"][0])
-    fake_world = update(policy, cfg, episodes()[:SPLIT[0]], 0.05, reduce=lambda v, op: [x * 2 for x in v]
-                        if op == "sum" else v)
-    assert rel(half["trained_tokens"] * 2, fake_world["trained_tokens"]) < 1e-9
-    assert rel(half["loss"], fake_world["loss"]) > 0.1  # weights / global tokens, stats summed: not the same
+def test_the_reduce_hook_makes_the_denominators_global(model_path):
+    """A fake second rank with the same episodes (sums doubled): each rank's loss weights are divided by the
+    global token count, so its gradient and step halve while the summed stats stay the same. Without the hook
+    each rank would normalise by its own tokens and the 2-rank update would be twice the single-process one."""
+    deltas = []
+    for reduce in (None, lambda v, op: [x * 2 for x in v] if op == "sum" else v):
+        cfg, policy = make_policy(model_path, CASES["lora-token_mean"][0])
+        before = trainable_full(policy)
+        stats = update(policy, cfg, episodes()[:SPLIT[0]], 0.05, reduce=reduce)
+        deltas.append(({n: t - before[n] for n, t in trainable_full(policy).items()}, stats))
+    (alone, s_alone), (fake, s_fake) = deltas
+    assert rel(s_alone["trained_tokens"] * 2, s_fake["trained_tokens"]) < 1e-9
+    assert rel(s_alone["loss"], s_fake["loss"]) < 1e-5
+    assert rel(s_alone["grad_norm"], 2 * s_fake["grad_norm"]) < 1e-4
+    scale = max(float(d.abs().max()) for d in alone.values())
+    for name in alone:
+        assert float((alone[name] - 2 * fake[name]).abs().max()) <= 1e-4 * scale, name
 
 
 def test_bf16_mixed_precision_trains_fp32_masters(model_path, tmp_path):
