@@ -206,6 +206,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if summary else 1
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Per-GPU memory plan of a training config; exit 0 if it fits."""
+    from ctu.plan import plan
+
+    result = plan(_load(args), args.gpus, args.gpu_memory)
+    print(result.render())
+    return 0 if result.fits else 1
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from ctu.report import draw_curves
 
@@ -266,10 +275,20 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.max_steps=3 model.path=tiny-random")
     train.set_defaults(func=cmd_train)
 
+    plan = sub.add_parser("plan", help="per-GPU memory plan of a training config",
+                          description="Per-GPU memory (weights, gradients, optimizer, activations with and without "
+                                      "checkpointing, logit chunks, engine weights and KV cache); exit 0 if it fits.")
+    plan.add_argument("config", nargs="?", default=None, help="YAML config, e.g. configs/qwen2.5-7b-multidomain.yaml")
+    plan.add_argument("overrides", nargs="*", help="dotted overrides")
+    plan.add_argument("--gpus", type=int, default=1, help="GPUs (FSDP2 ranks); default 1")
+    plan.add_argument("--gpu-memory", type=float, default=80.0,
+                      help="GiB per GPU as torch reports it (an 80 GB H100 has ~79.2, a 141 GB H200 ~139.8)")
+    plan.set_defaults(func=cmd_plan)
+
     report = sub.add_parser("report", help="draw training curves", description="Draw RUN_DIR/metrics.jsonl to curves.png.")
     report.add_argument("run_dir")
     report.set_defaults(func=cmd_report)
-    for command in (check, score, ev, play, train, report):  # --debug also after the command's name
+    for command in (check, score, ev, play, train, plan, report):  # --debug also after the command's name
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                              help="on failure, show the full traceback")
     return parser
