@@ -187,7 +187,13 @@ def job_checkpoint(rank, world, model_path, root):
     return {"path": str(path), "weights": weights, "reloaded": trainable_full(fresh), "step": step, "extra": extra}
 
 
-JOBS = {"equivalence": job_equivalence, "bf16": job_bf16, "checkpoint": job_checkpoint}
+def job_all(rank, world, model_path, cases, root):
+    """Every distributed check in one spawn (process start-up and imports dominate the runtime)."""
+    return {"equivalence": job_equivalence(rank, world, model_path, cases), "bf16": job_bf16(rank, world, model_path),
+            "checkpoint": job_checkpoint(rank, world, model_path, root)}
+
+
+JOBS = {"equivalence": job_equivalence, "bf16": job_bf16, "checkpoint": job_checkpoint, "all": job_all}
 
 
 # Tests ------------------------------------------------------------------------------------------------------
@@ -200,7 +206,9 @@ def model_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def distributed(model_path, tmp_path_factory):
-    return spawn("equivalence", tmp_path_factory.mktemp("fsdp"), model_path=model_path, cases=list(CASES))
+    tmp = tmp_path_factory.mktemp("fsdp")
+    got = spawn("all", tmp, model_path=model_path, cases=list(CASES), root=str(tmp / "checkpoints"))
+    return {**got["equivalence"], "bf16": got["bf16"], "checkpoint": got["checkpoint"], "root": tmp / "checkpoints"}
 
 
 def rel(a: float, b: float) -> float:
@@ -245,8 +253,8 @@ def test_the_reduce_hook_makes_the_denominators_global(model_path):
         assert float((alone[name] - 2 * fake[name]).abs().max()) <= 1e-4 * scale, name
 
 
-def test_bf16_mixed_precision_trains_fp32_masters(model_path, tmp_path):
-    got = spawn("bf16", tmp_path, model_path=model_path)
+def test_bf16_mixed_precision_trains_fp32_masters(model_path, distributed):
+    got = distributed["bf16"]
     assert got["dtypes"] == {"torch.float32"}
     assert got["stats"]["updates"] == 1 and got["stats"]["grad_norm"] > 0
     moved = [n for n in got["after"] if not torch.equal(got["after"][n], got["before"][n])]
@@ -260,11 +268,10 @@ def test_bf16_mixed_precision_trains_fp32_masters(model_path, tmp_path):
     assert rel(got["stats"]["grad_norm"], single["grad_norm"]) < 3e-2
 
 
-def test_dcp_checkpoint_commits_atomically_and_loads_at_another_world_size(model_path, tmp_path):
+def test_dcp_checkpoint_commits_atomically_and_loads_at_another_world_size(model_path, distributed):
     from ctu.distributed.dcp import latest_sharded, load_sharded
 
-    root = tmp_path / "checkpoints"
-    got = spawn("checkpoint", tmp_path, model_path=model_path, root=str(root))
+    root, got = distributed["root"], distributed["checkpoint"]
     path = Path(got["path"])
     assert path == root / "step_1" and json.loads((path / "checkpoint.json").read_text())["step"] == 1
     assert got["step"] == 1 and got["extra"] == {"cursor": 7}
