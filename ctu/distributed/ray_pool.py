@@ -148,8 +148,9 @@ class RayPool(RolloutPool):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         ray = _import_ray()
-        if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        self.started_ray = not ray.is_initialized()  # then close() shuts the cluster it started down
+        if self.started_ray:
+            ray.init(address=address, include_dashboard=False)
         self.config = config
         self.restart_timeout_s = restart_timeout_s
         remote = ray.remote(RolloutWorker).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
@@ -284,6 +285,9 @@ class RayPool(RolloutPool):
             ray.kill(worker, no_restart=True)
         self.workers = []
         self.weights_ref = None
+        if self.started_ray:
+            ray.shutdown()
+            self.started_ray = False
 
 
 def _cpu(tensor):

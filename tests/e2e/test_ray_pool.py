@@ -10,14 +10,11 @@ import torch
 from ctu import components as build
 from ctu.config import load_config
 from ctu.distributed.pool import LocalPool, RolloutPool, contiguous_chunks
+from ctu.distributed.ray_pool import RayPool  # imports without ray; a RayPool needs it
 from ctu.engines.parity import check_parity
 from ctu.evaluate import episode_specs
 from ctu.models import load_model
 from ctu.train.logprobs import token_logprobs
-
-ray = pytest.importorskip("ray", reason="Ray rollout workers need the distributed extra: pip install 'ctu[distributed]'")
-
-from ctu.distributed.ray_pool import RayPool  # noqa: E402  (after the skip: it needs ray at run time)
 
 SEED = 4242
 REL = 1e-5  # logprobs: the same model on the same CPU, batched differently (fp32)
@@ -30,7 +27,13 @@ def make_config(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def ray():
+    return pytest.importorskip("ray", reason="Ray rollout workers need the distributed extra: "
+                                             "pip install 'ctu[distributed]'")
+
+
+@pytest.fixture(scope="module")
+def cluster(ray):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
@@ -113,7 +116,7 @@ def test_same_trajectories_before_and_after_a_weight_update(setup):
     assert all(d > 1e-2 for d in stale)  # the probe tells the old weights from the new
 
 
-def test_killed_idle_worker_restarts_with_the_latest_weights(setup):
+def test_killed_idle_worker_restarts_with_the_latest_weights(setup, ray):
     config, local, pool, specs, params, _ = setup
     assert pool.version == 1  # after the update above
     pid = ray.get(pool.workers[1].pid.remote())
@@ -123,7 +126,7 @@ def test_killed_idle_worker_restarts_with_the_latest_weights(setup):
     assert pool.dead == set()
 
 
-def test_worker_dying_mid_step_reruns_once_then_errors(setup):
+def test_worker_dying_mid_step_reruns_once_then_errors(setup, ray):
     config, local, pool, specs, params, fault_file = setup
     expected = local.run(specs, params, seed=SEED + 9)
     pid = ray.get(pool.workers[0].pid.remote())
