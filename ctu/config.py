@@ -174,6 +174,16 @@ class ShapingConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Where rollouts and updates run. 0 rollout workers: in this process (the default, no Ray needed)."""
+
+    rollout_workers: int = 0  # >0: that many Ray actors, each with its own engine, domains and user simulator
+    trainer_workers: int = 1  # FSDP2 trainer ranks (ctu/distributed/fsdp.py); only 1 is wired into ctu train yet
+    address: str | None = None  # join a running Ray cluster ("auto"); None starts a local one
+    worker_cpus: float = 1.0  # CPUs each rollout actor reserves
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -188,6 +198,7 @@ class Config:
     lora: LoraConfig = field(default_factory=LoraConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     shaping: ShapingConfig = field(default_factory=ShapingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def problems(self) -> list[str]:
         config = self
@@ -271,6 +282,17 @@ def _update_problems(config: Config) -> list[str]:
         out.append(f"filters.max_assistant_tokens: must be >= 1 (or null), got {config.filters.max_assistant_tokens}")
     if e.weight_sync == "adapter" and (e.kind != "vllm" or not config.lora.enabled):
         out.append("engine.weight_sync: 'adapter' needs engine.kind=vllm and lora.enabled=true")
+    d = config.distributed
+    if d.rollout_workers < 0:
+        out.append(f"distributed.rollout_workers: must be >= 0, got {d.rollout_workers}")
+    if d.rollout_workers and (e.kind != "hf" or e.weight_sync != "merged"):
+        out.append("distributed.rollout_workers: Ray rollout workers run the hf engine with merged weights "
+                   "(engine.kind=hf, engine.weight_sync=merged)")
+    if d.trainer_workers != 1:
+        out.append(f"distributed.trainer_workers: {d.trainer_workers} trainer ranks are not wired into ctu train yet "
+                   "(FSDP2 is in ctu/distributed/fsdp.py, tested on its own); use 1")
+    if d.worker_cpus <= 0:
+        out.append(f"distributed.worker_cpus: must be > 0, got {d.worker_cpus}")
     return out
 
 

@@ -14,7 +14,7 @@ import time
 import torch
 
 from ctu.config import Config
-from ctu.engines.parity import check_parity, probe_parity
+from ctu.engines.parity import check_parity
 from ctu.train.logprobs import token_logprobs
 from ctu.train.weights import hf_name
 
@@ -35,17 +35,19 @@ def adapter_named_tensors(model: torch.nn.Module):
 
 
 class WeightSync:
-    def __init__(self, config: Config, policy, engine):
+    """Sync to a rollout pool (:mod:`ctu.distributed.pool`): the in-process engine or every Ray worker."""
+
+    def __init__(self, config: Config, policy, pool):
         self.config = config
         self.policy = policy
-        self.engine = engine
-        self.shares_model = getattr(engine, "model", None) is policy.model
+        self.pool = pool
+        self.shares_model = getattr(getattr(pool, "engine", None), "model", None) is policy.model
         self.version = -1
         self.base_changed = False  # the engine's base weights must be (re)sent before adapter-only syncs
 
     def before_update(self) -> None:
         if self.config.engine.colocated:
-            self.engine.sleep()
+            self.pool.sleep()
 
     def _score(self, ids: torch.Tensor, attn: torch.Tensor, temperature: float) -> torch.Tensor:
         """The trainer's teacher-forced logprobs of ``ids[:, 1:]`` (eval mode, no gradient)."""
@@ -63,18 +65,19 @@ class WeightSync:
         """Wake, send the weights of policy ``version`` (the global step), probe parity; this sync's metrics
         (``seconds`` belongs with the step's timings, the rest is deterministic)."""
         started = time.perf_counter()
-        self.engine.wake_up()
+        self.pool.wake_up()
         self.version = version
         if not self.shares_model:
             if self.config.engine.weight_sync == "adapter":
                 if self.base_changed:  # e.g. after the warm start was merged into the base (rebase_reference)
-                    self.engine.update_weights(base_named_tensors(self.policy.model))
-                self.engine.update_adapter(adapter_named_tensors(self.policy.model), self.version)
+                    self.pool.update_weights(base_named_tensors(self.policy.model), version)
+                self.pool.update_adapter(adapter_named_tensors(self.policy.model), version)
             else:
-                self.engine.update_weights(self.policy.merged_named_tensors())
+                self.pool.update_weights(self.policy.merged_named_tensors(), version)
         self.base_changed = False
-        diff = probe_parity(self.engine, self._score, temperature=self.config.sampling.temperature,
-                            tokens=self.config.engine.parity_probe_tokens, seed=self.config.run.seed)
+        diffs = self.pool.parity(self._score, temperature=self.config.sampling.temperature,
+                                 tokens=self.config.engine.parity_probe_tokens, seed=self.config.run.seed)
+        diff = max(diffs) if all(d == d for d in diffs) else float("nan")  # a dead worker reports NaN
         check_parity(diff, self.config.engine.parity_tolerance)
         return {"logprob_max_abs_diff": diff, "version": float(self.version),
                 "seconds": time.perf_counter() - started}

@@ -22,7 +22,7 @@ from ctu.evaluate import episode_specs, write_report
 from ctu.metrics import distribution, mean
 from ctu.rl.advantages import informative_groups, scored_advantages
 from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
-from ctu.rollout import EpisodeSpec, RolloutLimits, Trajectory, rollout
+from ctu.rollout import EpisodeSpec, Trajectory
 from ctu.tracking import Tracker
 from ctu.train.checkpoint import (
     clean_stale,
@@ -128,15 +128,24 @@ class Trainer:
         random.seed(config.run.seed)
         self.policy = build_policy(config)
         self.chat = build.build_chat(config, tokenizer=self.policy.tokenizer)
-        kind = config.engine.kind
-        self.engine = build.build_engine(config, model=self.policy.model if kind == "hf" else None,
-                                         tokenizer=self.policy.tokenizer)
-        self.sync = WeightSync(config, self.policy, self.engine)
-        self.rebased = False  # the KL reference is the warm-started policy (stored in checkpoints)
         self.domains = build.build_domains(config)
         self.user = build.build_user(config)
         self.judge = build.build_judge(config)
-        self.limits = RolloutLimits(config.env.max_turns, config.env.max_errors, config.env.max_context_tokens)
+        self.engine = None
+        if config.distributed.rollout_workers:  # Ray actors, each with its own engine, domains and user
+            from ctu.distributed.ray_pool import RayPool
+
+            self.pool = RayPool(config, config.distributed.rollout_workers, config.distributed.address,
+                                num_cpus=config.distributed.worker_cpus)
+        else:  # this process: the hf engine shares the policy's weights
+            from ctu.distributed.pool import LocalPool
+
+            kind = config.engine.kind
+            self.engine = build.build_engine(config, model=self.policy.model if kind == "hf" else None,
+                                             tokenizer=self.policy.tokenizer)
+            self.pool = LocalPool.from_config(config, self.engine, self.chat, self.user, judge=self.judge)
+        self.sync = WeightSync(config, self.policy, self.pool)
+        self.rebased = False  # the KL reference is the warm-started policy (stored in checkpoints)
         self.sampler = TaskSampler(self.domains, [config.env.weights.get(n, 1.0) for n in config.env.domains],
                                    config.run.seed)
         t = config.trainer
@@ -153,9 +162,7 @@ class Trainer:
     # -- pieces ----------------------------------------------------------------------------
     def _rollout(self, specs: Sequence[EpisodeSpec], temperature: float, seed: int, judge=None) -> list[Trajectory]:
         params = replace(build.sampling_params(self.config, temperature), seed=seed)
-        return asyncio.run(rollout(specs, self.chat, self.engine, self.user, params, self.limits, judge=judge,
-                                   concurrency=self.config.eval.concurrency,
-                                   max_batch_size=self.config.engine.max_batch_size, seed=seed))
+        return self.pool.run(specs, params, seed, judge_enabled=judge is not None)
 
     def evaluate(self, tag: str) -> dict:
         specs = episode_specs(self.domains, self.config.eval.splits, self.config.eval.samples_per_task,
@@ -287,6 +294,12 @@ class Trainer:
         return loss
 
     def run(self) -> dict:
+        try:
+            return self._run()
+        finally:
+            self.pool.close()  # Ray workers (and a cluster the pool started) go away with the run
+
+    def _run(self) -> dict:
         cfg, t = self.config, self.config.trainer
         save_config(cfg, self.run_dir / "config.yaml")
         ckpt_root = self.run_dir / "checkpoints"

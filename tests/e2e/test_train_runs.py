@@ -67,6 +67,8 @@ def test_stale_temporary_checkpoints_are_cleaned_at_start(tmp_path):
     (["trainer.warmup_steps=-1"], "trainer.warmup_steps"), (["trainer.grad_clip=0"], "trainer.grad_clip"),
     (["trainer.kl_coef=-0.1"], "trainer.kl_coef"), (["lora.dropout=1.0"], "lora.dropout"),
     (["engine.parity_tolerance=0"], "engine.parity_tolerance"),
+    (["distributed.trainer_workers=2"], "distributed.trainer_workers"),
+    (["distributed.rollout_workers=2", "engine.kind=vllm"], "distributed.rollout_workers"),
 ])
 def test_values_that_would_fail_an_update_fail_validation(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
