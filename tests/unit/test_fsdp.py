@@ -5,7 +5,6 @@ masters; DCP checkpoints commit atomically and load at another world size."""
 from __future__ import annotations
 
 import json
-import random
 import socket
 import traceback
 from pathlib import Path
@@ -34,18 +33,9 @@ COMMON = ["trainer.grad_clip=1000000.0", "trainer.kl_coef=0.3", "trainer.entropy
 
 
 def episodes(n: int = N_EPISODES, seed: int = 0):
-    from ctu.train.update import to_sample
+    from tests.unit.test_update_semantics import samples
 
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        prompt = [1] + [rng.randrange(3, 200) for _ in range(rng.randrange(3, 9))]
-        response = [rng.randrange(3, 200) for _ in range(rng.randrange(2, 12))]
-        mask = [int(rng.random() < 0.8) for _ in response]
-        mask[0] = 1
-        lps = [-rng.random() * 3 for _ in response]
-        out.append(to_sample(prompt, response, mask, lps, advantage=(-1) ** i * (0.5 + i / 4)))
-    return out
+    return samples(seed, n)
 
 
 def make_policy(model_path: str, overrides: list[str]):
