@@ -33,8 +33,11 @@ def format_message(msg: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-async def play_human(domain: Domain, task: Task, user: UserSimulator, read: Callable[[str], str] = input,
+async def play_human(domain: Domain, task: Task, user: UserSimulator, read: Callable[[str], str] | None = None,
                      write: Callable[[str], None] = print, max_turns: int = 30) -> Episode:
+    import builtins
+
+    read = read or builtins.input  # looked up at call time, so a patched input() is the one used
     episode = Episode(domain, task, user.start(domain, task), max_turns=max_turns)
     for msg in await episode.reset():
         write(format_message(msg))
