@@ -226,7 +226,11 @@ class RayTrainerGroup(TrainerGroup):
         try:
             return ray.get(refs)
         except (RayActorError, RayTaskError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, BaseException):  # the rank's own exception
+                first = f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
+            else:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             dead = [k for k, r in enumerate(self.ranks) if not _alive(ray, r)]
             who = f"trainer rank {dead[0]} died" if dead else "a trainer rank failed"
             raise TrainerRankError(f"{who} during {what or method} ({first}); the run stopped: continue it from "
