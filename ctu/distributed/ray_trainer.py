@@ -223,7 +223,11 @@ class RayTrainerGroup(TrainerGroup):
 
         refs = [getattr(r, method).remote(*([per_rank[k]] if per_rank is not None else []), *args)
                 for k, r in enumerate(self.ranks)]
-        try:
+        try:  # fail fast: the other ranks may wait in a collective for the one that failed
+            pending = list(refs)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                ray.get(done[0])
             return ray.get(refs)
         except (RayActorError, RayTaskError) as exc:
             cause = getattr(exc, "cause", None)

@@ -72,3 +72,24 @@ def test_ray_trainer_ranks_give_the_in_process_numbers(tmp_path, local_rows, mon
     rows = run(tmp_path / "ray", f"distributed.trainer_workers={trainers}", f"distributed.rollout_workers={workers}",
                f"distributed.placement={placement}", "distributed.worker_cpus=0.5", "distributed.trainer_cpus=0.5")
     same_numbers(local_rows, rows)
+
+
+def test_a_dead_trainer_rank_stops_the_run_and_resume_continues_with_the_same_numbers(tmp_path, local_rows,
+                                                                                         monkeypatch):
+    from ctu.distributed.group import TrainerRankError
+    from ctu.distributed.ray_trainer import RayTrainerGroup
+    from ctu.train import trainer as trainer_module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    fault = tmp_path / "fault"
+    fault.write_text("2")  # rank 1 dies in its 2nd update (step 2), after step 1's checkpoint
+    extra = ("distributed.trainer_workers=2", "distributed.rollout_workers=2", "distributed.worker_cpus=0.5",
+             "distributed.trainer_cpus=0.5")
+    with monkeypatch.context() as m:
+        m.setattr(trainer_module, "build_trainer_group", lambda cfg: RayTrainerGroup(cfg, fault_files={1: str(fault)}))
+        with pytest.raises(TrainerRankError, match=r"trainer rank 1 died during update .*trainer\.resume=latest"):
+            run(tmp_path / "run", *extra)
+    assert fault.read_text() == "0"
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1]
+    rows = run(tmp_path / "run", *extra, "trainer.resume=latest")
+    same_numbers(local_rows, rows)
