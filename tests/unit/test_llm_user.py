@@ -101,7 +101,7 @@ def test_429_is_retried_honouring_retry_after(monkeypatch):
 @respx.mock
 def test_5xx_until_exhausted_raises_a_clear_error_without_the_key(monkeypatch):
     route = respx.post(URL).mock(return_value=reply("", 503))
-    user, slept = make_user(monkeypatch=monkeypatch, max_retries=3)
+    user, slept = make_user(monkeypatch=monkeypatch, max_retries=3, backoff_initial=0.5, backoff_max=8.0)
     with pytest.raises(UserSimulatorError) as err:
         asyncio.run(user.start(None, TASK).reply("hi"))
     text = str(err.value)
@@ -118,7 +118,7 @@ def test_5xx_until_exhausted_raises_a_clear_error_without_the_key(monkeypatch):
 @respx.mock
 def test_backoff_is_capped_at_backoff_max(monkeypatch):
     respx.post(URL).mock(return_value=reply("", 500))
-    user, slept = make_user(monkeypatch=monkeypatch, max_retries=6, backoff_max=2.0)
+    user, slept = make_user(monkeypatch=monkeypatch, max_retries=6, backoff_initial=0.5, backoff_max=2.0)
     with pytest.raises(UserSimulatorError):
         asyncio.run(user.start(None, TASK).reply("hi"))
     jitter = random.Random(0)
