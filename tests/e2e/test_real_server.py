@@ -12,14 +12,16 @@ import logging
 import threading
 import time
 
+import httpx
 import pytest
 
 from ctu.cli import main
 from ctu.config import load_config
 from ctu.domains import get_domain
 from ctu.engines.base import Completion, Engine, SamplingParams
+from ctu.engines.remote import RemoteEngine, RemoteEngineError
 from ctu.judge import JudgeError, LLMJudge
-from ctu.llm_api import ChatAPIConfig, ChatClient
+from ctu.llm_api import ChatAPIConfig, ChatClient, LLMCallError
 from ctu.rollout import EpisodeSpec, RolloutLimits, rollout
 from ctu.tracking import read_metrics
 from ctu.train.trainer import Trainer
@@ -95,6 +97,15 @@ def test_one_user_client_across_per_step_event_loops_never_needs_a_retry(server)
     assert slept == [] and client.failures == [], client.failures  # was: "Event loop is closed" from the 2nd on
 
 
+
+def test_a_refused_request_carries_the_servers_reason(server):
+    client = ChatClient(ChatAPIConfig(model="gpt-4.1-mini", base_url=server.base_url))
+    with pytest.raises(LLMCallError) as err:
+        asyncio.run(client.complete([{"role": "user", "content": "hi"}], max_tokens=4))
+    text = str(err.value)
+    assert "HTTP 400" in text and "not retried" in text and "requested 'gpt-4.1-mini'" in text, text
+    assert "Server is pinned to" in text and len(client.failures) == 1
+
 @pytest.mark.parametrize("strategy", ["llm", "react", "verify", "reflection"])
 def test_every_user_strategy_plays_episodes_and_sends_only_customer_messages(server, agent, strategy):
     chat, engine = agent
@@ -146,6 +157,19 @@ def test_training_steps_with_the_llm_user_and_shaping_on_the_server(server, tmp_
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r.get("rollout/errored", 0) == 0 for r in rows), rows
     assert trainer.user.client.failures == [] and trainer.shaper.client.failures == []
+
+
+def test_the_remote_engine_needs_what_transformers_serve_lacks(server):
+    """ctu's remote engine sends token ids and reads per-token ids and logprobs (vLLM's /v1/completions); this
+    server refuses vLLM's fields, takes only text prompts and returns no logprobs. If that changes, so must README."""
+    engine = RemoteEngine(server.base_url, server.model, api_key_env="CTU_TEST_NO_KEY", max_retries=0)
+    with pytest.raises(RemoteEngineError, match=r"HTTP 422: .*Unexpected fields.*return_tokens_as_token_ids"):
+        asyncio.run(engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=4, seed=0)))
+    url = f"{server.base_url}/completions"
+    ids = httpx.post(url, json={"model": server.model, "prompt": [1, 2, 3], "max_tokens": 4}, timeout=60)
+    assert ids.status_code == 400 and "prompt must be a string" in ids.text
+    text = httpx.post(url, json={"model": server.model, "prompt": "Hello", "max_tokens": 4, "logprobs": 1}, timeout=60)
+    assert text.status_code == 200 and "logprobs" not in text.json()["choices"][0]
 
 
 def eval_args(server, run_dir, *extra):
@@ -210,3 +234,4 @@ def test_a_server_that_never_comes_back_ends_the_eval_with_one_line(server, tmp_
     assert waited < 60, waited  # bounded: the budget (2.5 s) plus the agent's turns, not a hang
     report = json.loads((run_dir / "report.json").read_text())["overall"]
     assert report["episodes"] == report["errored"] == 12
+
