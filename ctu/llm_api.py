@@ -63,7 +63,7 @@ async def _lifetime(client: Any, owner: dict, loop: asyncio.AbstractEventLoop) -
 class ChatClient:
     """``await client.complete(messages)`` -> the reply text (non-empty) or LLMCallError.
 
-    ``failures`` lists every failed attempt's reason (retried or not), for tests and diagnostics."""
+    ``failures`` lists failed attempts' reasons (retried or not; the latest 1,000), for tests and diagnostics."""
 
     config: ChatAPIConfig
     seed: int = 0
@@ -98,6 +98,10 @@ class ChatClient:
             entry = self._pools[loop] = (client, keeper)
         return entry[0]
 
+    def _failed(self, reason: str) -> None:
+        self.failures.append(reason)
+        del self.failures[:-1000]
+
     def _where(self) -> str:
         return f"model '{self.config.model}' at {self.config.base_url or 'the OpenAI API'}"
 
@@ -123,13 +127,13 @@ class ChatClient:
                 status, reason = exc.status_code, self._redact(server_reason(exc))
                 last = f"HTTP {status}: {reason}" if reason else f"HTTP {status}"
                 if status != 429 and status < 500:
-                    self.failures.append(last)
+                    self._failed(last)
                     raise LLMCallError(f"{self._where()} refused the request: {last} (not retried)") from None
                 delay = _retry_after(exc)
             except (openai.APITimeoutError, openai.APIConnectionError) as exc:
                 cause = exc.__cause__
                 last = type(exc).__name__ + (f" ({type(cause).__name__}: {cause})" if cause is not None else "")
-            self.failures.append(last)
+            self._failed(last)
             if attempt < attempts:
                 backoff = min(self.config.backoff_max, self.config.backoff_initial * 2 ** (attempt - 1))
                 backoff *= 0.5 + self._rng.random() / 2
