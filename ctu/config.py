@@ -53,7 +53,19 @@ class SamplingConfig:
 
 
 @dataclass
-class UserConfig:
+class ChatAPIBudget:
+    """How a chat API (LLM user, judge, shaping judge) is waited for. By default a failing request is retried
+    for 40-80 s in all (longer than a local server's restart), then the episode is marked errored."""
+
+    max_retries: int = 8  # retries after the first attempt, on 429, 5xx, timeouts and connection errors
+    backoff_initial: float = 1.0  # seconds before the first retry; doubles per retry up to backoff_max, x jitter [0.5, 1)
+    backoff_max: float = 16.0  # also caps a server's Retry-After
+    timeout: float = 60.0  # seconds per request
+    max_tokens: int = 512  # per completion
+
+
+@dataclass
+class UserConfig(ChatAPIBudget):
     kind: Literal["scripted", "llm"] = "scripted"
     model: str = "gpt-4.1-mini"
     base_url: str | None = None
@@ -91,7 +103,7 @@ class EvalConfig:
 
 
 @dataclass
-class JudgeConfig:
+class JudgeConfig(ChatAPIBudget):
     enabled: bool = False
     model: str = "gpt-4.1-mini"
     base_url: str | None = None
@@ -163,7 +175,7 @@ class WandbConfig:
 
 
 @dataclass
-class ShapingConfig:
+class ShapingConfig(ChatAPIBudget):
     """Judge shaping ("taxonomy feedback"): a bounded bonus/penalty from an LLM judge, in training only."""
 
     enabled: bool = False
@@ -253,8 +265,21 @@ class Config:
             problems.append(f"trainer.resume: '{t.resume}' is neither 'latest' nor a checkpoint directory")
         if config.lora.rank < 1:
             problems.append(f"lora.rank: must be >= 1, got {config.lora.rank}")
+        for section in ("user", "judge", "shaping"):
+            problems += _budget_problems(section, getattr(config, section))
         problems += _update_problems(config)
         return problems
+
+
+def _budget_problems(section: str, b: ChatAPIBudget) -> list[str]:
+    out = [f"{section}.{k}: must be >= 0, got {v}" for k, v in (("max_retries", b.max_retries),
+                                                                 ("backoff_initial", b.backoff_initial)) if v < 0]
+    out += [f"{section}.{k}: must be > 0, got {v}" for k, v in (("timeout", b.timeout), ("max_tokens", b.max_tokens))
+            if v <= 0]
+    if b.backoff_max < b.backoff_initial:
+        out.append(f"{section}.backoff_max: must be >= {section}.backoff_initial ({b.backoff_initial}), "
+                   f"got {b.backoff_max}")
+    return out
 
 
 def _update_problems(config: Config) -> list[str]:
