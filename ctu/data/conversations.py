@@ -30,6 +30,7 @@ class Conversation:
     tools: list[dict[str, Any]]
     domain: str | None = None
     task_id: str | None = None
+    termination: str | None = None  # how the episode ended (ctu score reads it: a transfer is a normal end)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -44,8 +45,8 @@ def untrained_prefix(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def gold_conversation(domain: Domain, task: Task) -> Conversation:
-    """The task's gold actions, one tool call per turn, then the domain's closing line, played against the
-    scripted user: what the supervised warm start trains on."""
+    """The task's gold actions, one tool call per turn, then the domain's closing line (unless a transfer ended
+    the call), played against the scripted user: what the supervised warm start trains on."""
     episode = Episode(domain, task, ScriptedUser().start(domain, task), max_turns=len(task.actions) + 2)
     asyncio.run(episode.reset())
     turns = [AgentTurn(tool_calls=(ToolCall(a.name, dict(a.arguments)),)) for a in task.actions]
@@ -53,7 +54,8 @@ def gold_conversation(domain: Domain, task: Task) -> Conversation:
         asyncio.run(episode.step(turn))
         if episode.done:
             break
-    return Conversation(untrained_prefix(episode.messages), domain.openai_tools(), domain.name, task.id)
+    return Conversation(untrained_prefix(episode.messages), domain.openai_tools(), domain.name, task.id,
+                        episode.termination)
 
 
 def gold_conversations(domain: Domain, tasks: list[Task]) -> list[Conversation]:
@@ -107,5 +109,6 @@ def successful_conversations(path: str | Path, domain_of: Callable[[str], Domain
         except KeyError as exc:
             raise DataError(f"{file}:{line_no}: {exc.args[0]}") from None
         kept.append(Conversation(untrained_prefix(row["messages"]), domain.openai_tools(), row["domain"],
-                                 str(row["task_id"]), {"reward": row["reward"], "sample": row.get("sample", 0)}))
+                                 str(row["task_id"]), row.get("termination"),
+                                 {"reward": row["reward"], "sample": row.get("sample", 0)}))
     return kept, total

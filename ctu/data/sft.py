@@ -2,8 +2,8 @@
 
 **OpenAI JSONL**: one object per line, ``{"messages": [...], "tools": [...], "domain": ..., "task_id": ...}``;
 messages as the environment writes them (assistant ``tool_calls`` with JSON-string arguments, ``tool`` results
-with ``tool_call_id``); the agent's greeting carries ``weight: 0`` (not trained). ``domain``/``task_id`` are ctu's
-(provenance; ``ctu score`` reads them).
+with ``tool_call_id``); the agent's greeting carries ``weight: 0`` (not trained). ``domain``, ``task_id`` and
+``termination`` are ctu's (provenance; ``ctu score`` reads them).
 
 **sharegpt** (LLaMA-Factory, ``formatting: sharegpt``): one object per line with ``conversations`` alternating
 ``human``/``observation`` (odd positions) and ``gpt``/``function_call`` (even positions), ``system``, and
@@ -86,7 +86,7 @@ def to_sharegpt(conversation: Conversation) -> tuple[dict[str, Any], int]:
 
 def to_openai(conversation: Conversation) -> dict[str, Any]:
     return {"messages": conversation.messages, "tools": conversation.tools, "domain": conversation.domain,
-            "task_id": conversation.task_id}
+            "task_id": conversation.task_id, "termination": conversation.termination}
 
 
 def dataset_info_entry(file_name: str) -> dict[str, Any]:
@@ -174,7 +174,7 @@ def _from_openai(record: dict[str, Any]) -> Conversation:
         raise DataError(str(exc)) from None
     task_id = record.get("task_id")
     return Conversation(list(record["messages"]), _tools(record.get("tools")), record.get("domain"),
-                        None if task_id is None else str(task_id))
+                        None if task_id is None else str(task_id), record.get("termination"))
 
 
 def _observations(value: str, calls: list[dict[str, Any]]) -> list[str]:
