@@ -24,7 +24,7 @@ def test_history_points_are_against_step_and_wall_time(tmp_path):
     assert [e["phase"] for e in evals] == ["before", "after_warm_start", "periodic", "final"]
     points = eval_points(evals, "overall")
     assert [p["step"] for p in points] == [0, 0, 2, 4] and [p["success"] for p in points] == [0.0, 0.6, 0.55, 0.75]
-    assert points[0]["minutes"] == 0.0 and all(b["minutes"] >= a["minutes"] for a, b in zip(points, points[1:]))
+    assert points[0]["minutes"] == 0.0 and all(b["minutes"] >= a["minutes"] for a, b in zip(points, points[1:], strict=False))
 
 
 def test_curves_include_the_evaluations_even_without_training_steps(tmp_path):
