@@ -177,12 +177,16 @@ class ShapingConfig:
 
 @dataclass
 class DistributedConfig:
-    """Where rollouts and updates run. 0 rollout workers: in this process (the default, no Ray needed)."""
+    """Where rollouts and updates run. 0 workers of a kind: in this process (the default, no Ray needed)."""
 
     rollout_workers: int = 0  # >0: that many Ray actors, each with its own engine, domains and user simulator
-    trainer_workers: int = 1  # FSDP2 trainer ranks (ctu/distributed/fsdp.py); only 1 is wired into ctu train yet
+    trainer_workers: int = 0  # >0: that many FSDP2 trainer ranks as Ray actors (ctu/distributed/ray_trainer.py)
+    placement: str = "colocated"  # colocated: rollout worker k shares trainer rank k % N's bundle (GPU); split
     address: str | None = None  # join a running Ray cluster ("auto"); None starts a local one
     worker_cpus: float = 1.0  # CPUs each rollout actor reserves
+    trainer_cpus: float = 1.0  # CPUs each trainer rank reserves
+    cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy: sharded params, grads and optimizer state in CPU memory
+    placement_timeout_s: float = 600.0  # how long to wait for the cluster to have room for the placement group
 
 
 @dataclass
@@ -297,11 +301,14 @@ def _update_problems(config: Config) -> list[str]:
     if d.rollout_workers and (e.kind != "hf" or e.weight_sync != "merged"):
         out.append("distributed.rollout_workers: Ray rollout workers run the hf engine with merged weights "
                    "(engine.kind=hf, engine.weight_sync=merged)")
-    if d.trainer_workers != 1:
-        out.append(f"distributed.trainer_workers: {d.trainer_workers} trainer ranks are not wired into ctu train yet "
-                   "(FSDP2 is in ctu/distributed/fsdp.py, tested on its own); use 1")
-    if d.worker_cpus <= 0:
-        out.append(f"distributed.worker_cpus: must be > 0, got {d.worker_cpus}")
+    if d.trainer_workers < 0:
+        out.append(f"distributed.trainer_workers: must be >= 0, got {d.trainer_workers}")
+    if d.placement not in ("colocated", "split"):
+        out.append(f"distributed.placement: must be colocated or split, got {d.placement!r}")
+    for key in ("worker_cpus", "trainer_cpus", "placement_timeout_s"):
+        if getattr(d, key) <= 0:
+            out.append(f"distributed.{key}: must be > 0, got {getattr(d, key)}")
+
     return out
 
 

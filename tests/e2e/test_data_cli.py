@@ -92,19 +92,18 @@ def warm_started(tmp_path_factory):
     assert main(["data", "export", "--domain", "mini", "--format", "sharegpt", "--out",
                  str(tmp_path / "gold.jsonl")]) == 0
     batches, losses = [], []
-    real = trainer_module.sft_update
+    trainer = Trainer(config(tmp_path / "run"))
+    real = trainer.group.sft
 
-    def spy(policy, optimizer, batch, micro_batch_tokens):
-        batches.append([(tuple(s.ids), tuple(s.mask)) for s in batch])
-        losses.append(real(policy, optimizer, batch, micro_batch_tokens) if len(batches) == 2 else 0.0)
+    def spy(demos, draws, on_step=None):
+        batches.append([(tuple(demos[i].ids), tuple(demos[i].mask)) for i in draws[0]])
+        losses.append(real(demos, draws, on_step) if len(batches) == 2 else 0.0)
         return losses[-1]
 
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(trainer_module, "sft_update", spy)
-        trainer = Trainer(config(tmp_path / "run"))
-        trainer.warm_start()
-        trainer.config.trainer.sft_data = str(tmp_path / "gold.jsonl")
-        trainer.warm_start()
+    trainer.group.sft = spy
+    trainer.warm_start()
+    trainer.config.trainer.sft_data = str(tmp_path / "gold.jsonl")
+    trainer.warm_start()
     return trainer, batches, losses
 
 
@@ -146,7 +145,7 @@ def test_an_evaluation_shows_a_progress_bar_and_is_recorded(warm_started, monkey
 def test_a_bad_sft_file_fails_before_any_model_loads(tmp_path, monkeypatch, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}\n{oops\n')
-    monkeypatch.setattr(trainer_module, "build_policy", lambda *_a, **_k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(trainer_module, "build_trainer_group", lambda *_a, **_k: pytest.fail("a model was loaded"))
     with pytest.raises(ConfigError, match=rf"trainer\.sft_data: {bad}:2: not valid JSON"):
         Trainer(config(tmp_path / "run", f"trainer.sft_data={bad}"))
     assert main(["train", "configs/quickstart.yaml", "model.path=tiny-random", f"run.dir={tmp_path / 'r'}",

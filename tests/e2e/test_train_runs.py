@@ -24,7 +24,7 @@ def config(run_dir, *extra):
 def no_model_load(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("a model was loaded before the config was refused")
-    monkeypatch.setattr(trainer_module, "build_policy", refuse)
+    monkeypatch.setattr(trainer_module, "build_trainer_group", refuse)
 
 
 def test_a_new_run_refuses_a_run_dir_holding_another_run(tmp_path, monkeypatch):
@@ -68,7 +68,8 @@ def test_stale_temporary_checkpoints_are_cleaned_at_start(tmp_path):
     (["trainer.warmup_steps=-1"], "trainer.warmup_steps"), (["trainer.grad_clip=0"], "trainer.grad_clip"),
     (["trainer.kl_coef=-0.1"], "trainer.kl_coef"), (["lora.dropout=1.0"], "lora.dropout"),
     (["engine.parity_tolerance=0"], "engine.parity_tolerance"),
-    (["distributed.trainer_workers=2"], "distributed.trainer_workers"),
+    (["distributed.trainer_workers=-1"], "distributed.trainer_workers"),
+    (["distributed.placement=spread"], "distributed.placement"), (["distributed.trainer_cpus=0"], "trainer_cpus"),
     (["distributed.rollout_workers=2", "engine.kind=vllm"], "distributed.rollout_workers"),
 ])
 def test_values_that_would_fail_an_update_fail_validation(tmp_path, overrides, message):
