@@ -10,7 +10,29 @@ from ctu.users.base import UserSimulator
 
 
 def build_domains(config: Config) -> list[Domain]:
-    return [get_domain(name, config.env.tau2_data_dir) for name in config.env.domains]
+    """The configured domains; ``env.tasks.<name>`` replaces a domain's tasks (and splits, from the
+    ``split_tasks.json`` beside the file) with a tau2 tasks file, e.g. one written by ``ctu data import``."""
+    domains = [get_domain(name, config.env.tau2_data_dir) for name in config.env.domains]
+    if not config.env.tasks:
+        return domains
+    import dataclasses
+
+    from ctu.data.prompts import load_tasks
+
+    out = []
+    for spec, domain in zip(config.env.domains, domains, strict=True):
+        path = config.env.tasks.get(spec)
+        if path is not None:
+            tasks, splits = load_tasks(path)
+            ids = {t.id for t in tasks}
+            splits = splits or {}  # without split_tasks.json: split "all" only
+            for split, members in splits.items():
+                missing = [i for i in members if i not in ids]
+                if missing:
+                    raise ValueError(f"{path}: split '{split}' names task '{missing[0]}', which the file does not hold")
+            domain = dataclasses.replace(domain, tasks=tasks, splits=splits)
+        out.append(domain)
+    return out
 
 
 def build_chat(config: Config, tokenizer=None):

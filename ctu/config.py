@@ -80,6 +80,7 @@ class EnvConfig:
     domains: list[str] = field(default_factory=lambda: ["mini"])
     weights: dict[str, float] = field(default_factory=dict)  # sampling weight per domain (default equal)
     tau2_data_dir: str | None = None
+    tasks: dict[str, str] = field(default_factory=dict)  # domain -> a tau2 tasks.json replacing its tasks (ctu data import)
     max_turns: int = 12
     max_errors: int = 5
     max_context_tokens: int = 4096
@@ -157,6 +158,7 @@ class TrainerConfig:
     sft_steps: int = 0  # supervised warm start on gold demonstrations (train split) before RL
     sft_lr: float = 1e-4
     sft_batch_size: int = 8
+    sft_data: str | None = None  # warm start on this OpenAI chat JSONL / sharegpt file instead of gold demos
     ckpt_interval: int = 5
     keep_checkpoints: int = 2
     eval_interval: int = 0  # 0: only before (if eval_before_train) and after training
@@ -231,6 +233,13 @@ class Config:
                                 "or 'package.module:function')")
         if not config.env.domains:
             problems.append("env.domains: at least one domain is needed")
+        for name, path in config.env.tasks.items():
+            if name not in config.env.domains:
+                problems.append(f"env.tasks.{name}: not one of env.domains")
+            elif not Path(path).is_file():
+                problems.append(f"env.tasks.{name}: tasks file {path} does not exist")
+        if config.trainer.sft_data is not None and not Path(config.trainer.sft_data).is_file():
+            problems.append(f"trainer.sft_data: file {config.trainer.sft_data} does not exist")
         for name, weight in config.env.weights.items():
             if name not in config.env.domains:
                 problems.append(f"env.weights.{name}: not one of env.domains")
@@ -335,6 +344,14 @@ def training_problems(config: Config) -> list[str]:
         out.append("engine.kind: 'remote' cannot be trained: ctu cannot push weights into a remote server, so every "
                    "step after the first would sample from stale weights; use engine.kind=hf or vllm for training "
                    "(remote serves ctu eval)")
+    if config.trainer.sft_data and config.trainer.sft_steps > 0:  # a bad file fails now, not after the first eval
+        from ctu.data.conversations import DataError
+        from ctu.data.sft import read_conversations
+
+        try:
+            read_conversations(config.trainer.sft_data)
+        except DataError as exc:
+            out.append(f"trainer.sft_data: {exc}")
     return out
 
 

@@ -182,7 +182,7 @@ class RayPool(RolloutPool):
         return [k for k in range(len(self.workers)) if k not in self.dead]
 
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int,
-            judge_enabled: bool = False) -> list[Trajectory]:
+            judge_enabled: bool = False, on_done=None) -> list[Trajectory]:
         ray = _import_ray()
         from ray.exceptions import RayActorError
 
@@ -216,6 +216,8 @@ class RayPool(RolloutPool):
                 why = "died twice" if attempt else "died and was not restarted"
                 reason = f"rollout worker {k} {why} running these episodes: {str(exc).splitlines()[0]}"
                 results[a:b] = [errored_trajectory(key, reason) for key in keys[a:b]]
+            for trajectory in results[a:b] if on_done is not None else ():  # a chunk at a time
+                on_done(trajectory)
         return results  # type: ignore[return-value]
 
     def _await_restart(self, k: int) -> bool:

@@ -18,14 +18,14 @@ import torch
 from ctu import components as build
 from ctu.config import Config, ConfigError, save_config, to_dict, training_problems
 from ctu.distributed.group import build_trainer_group, sft_batches
-from ctu.evaluate import episode_specs, write_report
+from ctu.evaluate import episode_specs, progress_bar, write_report
 from ctu.metrics import distribution, mean
 from ctu.rl.advantages import informative_groups, scored_advantages
 from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
 from ctu.rollout import EpisodeSpec, Trajectory
-from ctu.tracking import Tracker
+from ctu.tracking import Tracker, eval_phase, record_eval
 from ctu.train.checkpoint import clean_stale, previous_run, resolve_resume
-from ctu.train.demos import gold_samples
+from ctu.train.demos import warm_start_samples
 from ctu.train.sync import WeightSync
 from ctu.train.update import release_memory, to_sample
 
@@ -126,20 +126,26 @@ class Trainer:
         return self.group.policy
 
     # -- pieces ----------------------------------------------------------------------------
-    def _rollout(self, specs: Sequence[EpisodeSpec], temperature: float, seed: int, judge=None) -> list[Trajectory]:
+    def _rollout(self, specs: Sequence[EpisodeSpec], temperature: float, seed: int, judge=None,
+                 on_done=None) -> list[Trajectory]:
         params = replace(build.sampling_params(self.config, temperature), seed=seed)
-        return self.pool.run(specs, params, seed, judge_enabled=judge is not None)
+        return self.pool.run(specs, params, seed, judge_enabled=judge is not None, on_done=on_done)
 
     def evaluate(self, tag: str) -> dict:
         specs = episode_specs(self.domains, self.config.eval.splits, self.config.eval.samples_per_task,
                               self.config.trainer.eval_max_tasks)
         started = time.perf_counter()
-        trajectories = self._rollout(specs, self.config.eval.temperature, seed=10_000 + self.step, judge=self.judge)
+        with progress_bar(len(specs), f"eval {tag}") as on_done:
+            trajectories = self._rollout(specs, self.config.eval.temperature, seed=10_000 + self.step,
+                                         judge=self.judge, on_done=on_done)
         release_memory()
         report = write_report(self.run_dir / "eval" / tag, trajectories)
         out = {f"eval/{scope}/success": s["success_rate"] for scope, s in report.items()}
         print(f"eval {tag} ({len(specs)} episodes, {time.perf_counter() - started:.0f}s): "
               + ", ".join(f"{k}={v:.3f}" for k, v in out.items()), flush=True)
+        record_eval(self.run_dir, tag=tag, phase=eval_phase(tag, self.step, self.config.trainer.max_steps),
+                    step=self.step, success={scope: s["success_rate"] for scope, s in report.items()},
+                    seconds=time.perf_counter() - started, episodes=len(specs))
         return out
 
     def rewards(self, trajectories: Sequence[Trajectory]) -> TrainingRewards:
@@ -241,8 +247,7 @@ class Trainer:
         t = self.config.trainer
         if t.sft_steps <= 0:
             return None
-        demos = [s for d in self.domains for s in gold_samples(
-            self.chat, d, d.split("train") if "train" in d.splits else list(d.tasks))]
+        demos = warm_start_samples(self.chat, self.domains, t.sft_data)
         from tqdm import tqdm
 
         batches = sft_batches(demos, t.sft_steps, t.sft_batch_size, self.config.run.seed)

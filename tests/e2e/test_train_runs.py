@@ -9,6 +9,7 @@ from ctu.rollout import Trajectory
 from ctu.tracking import read_metrics
 from ctu.train import trainer as trainer_module
 from ctu.train.checkpoint import list_checkpoints, save_checkpoint
+from ctu.train.demos import gold_samples
 from ctu.train.trainer import Trainer, TrainingRewards
 from ctu.train.update import sequence_kl
 
@@ -128,7 +129,7 @@ def test_after_the_warm_start_the_kl_reference_is_the_warm_started_policy(tmp_pa
     cfg = config(tmp_path / "run", "trainer.sft_steps=3", "trainer.sft_lr=0.01", "trainer.sft_batch_size=2",
                  "trainer.kl_coef=0.1", "trainer.max_steps=1")
     trainer = Trainer(cfg)
-    samples = trainer_module.gold_samples(trainer.chat, trainer.domains[0], trainer.domains[0].split("train")[:2])
+    samples = gold_samples(trainer.chat, trainer.domains[0], trainer.domains[0].split("train")[:2])
     trainer.warm_start()
     kls = sequence_kl(trainer.policy, samples, cfg.trainer, 1.0)
     assert max(abs(k) for k in kls) <= 1e-3 * max(1.0, len(samples[0].ids))
