@@ -76,7 +76,7 @@ class HFEngine(Engine):
     """Generation with a Hugging Face causal LM in this process (CPU or CUDA)."""
 
     def __init__(self, model_or_name, tokenizer=None, device: str | None = None, dtype=None, max_batch_size: int = 64,
-                 kv_reuse: bool = True, kv_cache_tokens: int = 65536):
+                 kv_reuse: bool = True, kv_cache_tokens: int = 32768):
         if isinstance(model_or_name, str):
             from ctu.models import load_model, load_tokenizer
 

@@ -53,7 +53,7 @@ class Entry:
 class KVStore:
     """Entries and shared prefixes, at most ``max_tokens`` cached tokens in all (a shared prefix counts once)."""
 
-    def __init__(self, max_tokens: int = 65536):
+    def __init__(self, max_tokens: int = 32768):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.max_tokens = max_tokens

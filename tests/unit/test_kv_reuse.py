@@ -140,3 +140,12 @@ def test_cache_stays_under_its_token_cap_and_release_frees_it(model, tokenizer):
     assert not reuse.kv_store.entries
     with pytest.raises(ValueError, match="max_tokens"):
         KVStore(0)
+
+
+def test_config_switches_the_cache_off(model, tokenizer):
+    from ctu.components import build_engine
+    from ctu.config import load_config
+
+    on = build_engine(load_config(None, ["engine.kv_cache_tokens=99"]), model=model, tokenizer=tokenizer)
+    off = build_engine(load_config(None, ["engine.kv_reuse=false"]), model=model, tokenizer=tokenizer)
+    assert on.kv_store is not None and on.kv_store.max_tokens == 99 and off.kv_store is None
