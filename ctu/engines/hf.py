@@ -94,6 +94,7 @@ class HFEngine(Engine):
         self.kv_store = kvr.KVStore(kv_cache_tokens) if kv_reuse else None
         self._weights_seen: int | None = None
         self._released: deque[tuple[int, ...]] = deque()
+        self.rows_retired = 0  # rows that left a batch early (finished before the others): not decoded further
 
     @property
     def device(self) -> torch.device:
@@ -153,9 +154,14 @@ class HFEngine(Engine):
         else:
             logits, past, mask, positions = prefill(self.model, prompts, self.pad_id)
         device = mask.device
+        live = list(range(len(prompts)))  # the prompt row of each batch row
+        # Finished rows leave the batch (their KV kept first) when no shared generator's draws depend on the
+        # batch's shape; with kv_reuse off the engine decodes every row to the batch's end, as it always did.
+        prune = batch is not None and (params.temperature == 0 or not isinstance(generator, torch.Generator))
         for _ in range(params.max_tokens):
-            tokens, logprobs = sample_next(logits, params, generator)
-            for row, (tok, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
+            gens = [generator[r] for r in live] if isinstance(generator, list) else generator
+            tokens, logprobs = sample_next(logits, params, gens)
+            for row, tok, lp in zip(live, tokens.tolist(), logprobs.tolist(), strict=True):
                 if reason[row] is not None:
                     continue
                 out_ids[row].append(tok)
@@ -166,16 +172,27 @@ class HFEngine(Engine):
                     reason[row] = "stop"
             if all(r is not None for r in reason):
                 break
-            mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype, device=device)], dim=-1)
+            finished = [j for j, row in enumerate(live) if reason[row] is not None]
+            if prune and finished and 4 * len(finished) >= len(live):  # copying the cache pays off
+                for j in finished:
+                    self._keep(batch, live[j], past, mask, j, fed, out_ids)
+                kept = [j for j in range(len(live)) if reason[live[j]] is None]
+                index = torch.tensor(kept, device=device)
+                past.batch_select_indices(index)
+                mask, positions, tokens = mask[index], positions[index], tokens[index]
+                live = [live[j] for j in kept]
+                self.rows_retired += len(finished)
+            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=device)], dim=-1)
             positions = positions[:, -1:] + 1
-            for row, tok in enumerate(tokens.tolist()):
+            for row, tok in zip(live, tokens.tolist(), strict=True):
                 fed[row].append(tok)
             outputs = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
                                  past_key_values=past, use_cache=True)
             past = outputs.past_key_values
             logits = outputs.logits[:, -1, :]
         if batch is not None:
-            self._keep(batch, past, mask, fed, out_ids)
+            for j, row in enumerate(live):
+                self._keep(batch, row, past, mask, j, fed, out_ids)
         return [Completion(tuple(ids), tuple(lps), r or "length") for ids, lps, r in zip(out_ids, out_lp, reason, strict=True)]
 
     def _prefix_kv(self, ids: tuple[int, ...]) -> kvr.Prefix | None:
@@ -185,18 +202,19 @@ class HFEngine(Engine):
         layers = _plain_layers(out.past_key_values)
         return None if layers is None else kvr.Prefix(tuple(ids), layers)
 
-    def _keep(self, batch, past, mask, fed, out_ids) -> None:
+    def _keep(self, batch, row: int, past, mask, j: int, fed, out_ids) -> None:
+        """Store prompt row ``row`` (batch row ``j``): the KV of its prompt and of the generated ids it ran."""
+        if self.kv_store is None:
+            return
         layers = _plain_layers(past)
         if layers is None:  # e.g. sliding-window layers: this model's cache cannot be kept; prefill whole prompts
             self.kv_store = None
             return
-        valid = []
-        for ran, kept in zip(fed, out_ids, strict=True):  # after a row stops, its fed ids are padding
-            n = 0
-            while n < min(len(ran), len(kept)) and ran[n] == kept[n]:
-                n += 1
-            valid.append(ran[:n])
-        kvr.keep(self.kv_store, batch, layers, mask, valid)
+        ran, kept = fed[row], out_ids[row]
+        n = 0  # after a row stops (or a stop string cut it), the ids it ran are not its own
+        while n < min(len(ran), len(kept)) and ran[n] == kept[n]:
+            n += 1
+        kvr.keep_row(self.kv_store, batch, row, [(k[j:j + 1], v[j:j + 1]) for k, v in layers], mask[j], ran[:n])
 
     def _weights_version(self) -> int:
         """Changes whenever a parameter is replaced or written in place (an optimizer step, a merge, a load)."""

@@ -195,6 +195,8 @@ def plan(store: KVStore, prompts: Sequence[Sequence[int]], make_prefix) -> Batch
     for row in batch.rows:
         store.hits += len(row.prompt) - len(row.new)
         store.misses += len(row.new)
+        if row.used is not None:  # its continuation replaces it
+            store.remove(row.used)
     return batch
 
 
@@ -237,21 +239,18 @@ def assemble(batch: Batch, pad_id: int, device, make_cache):
     return ids, mask, positions, make_cache(layers)
 
 
-def keep(store: KVStore, batch: Batch, layers: KV, mask: torch.Tensor, fed: Sequence[Sequence[int]]) -> None:
-    """Store each row's KV after generation: its prompt and the generated ids ``fed[i]`` that were run.
+def keep_row(store: KVStore, batch: Batch, i: int, layers: KV, mask: torch.Tensor, fed: Sequence[int]) -> None:
+    """Store row ``i``'s KV after generation: its prompt and the generated ids ``fed`` that were run.
 
-    ``layers``: the batch cache's per-layer (keys, values) [B, heads, T, dim]; ``mask`` [B, T] its attention mask
-    (columns after a row's valid tokens may hold garbage: only the first ``len(prompt) + len(fed[i])`` real
+    ``layers``: per-layer (keys, values) [1, heads, T, dim] of this row; ``mask`` [T] its attention mask (columns
+    after the row's valid tokens may hold ids run after it stopped: only the first ``len(prompt) + len(fed)`` real
     columns are kept)."""
-    for row in batch.rows:
-        if row.used is not None:
-            store.remove(row.used)
-    shared = len(batch.prefix.ids) if batch.prefix is not None else 0
-    for i, row in enumerate(batch.rows):
-        ids = row.prompt + tuple(fed[i])
-        real = mask[i].nonzero().squeeze(-1)[:len(ids)]
-        if len(real) < len(ids):
-            continue
-        own = real[shared:] if row.on_prefix else real
-        kv = [(k[i:i + 1].index_select(2, own), v[i:i + 1].index_select(2, own)) for k, v in layers]
-        store.add(Entry(ids, batch.prefix if row.on_prefix else None, kv))
+    row = batch.rows[i]
+    ids = row.prompt + tuple(fed)
+    real = mask.nonzero().squeeze(-1)[:len(ids)]
+    if len(real) < len(ids):
+        return
+    shared = len(batch.prefix.ids) if batch.prefix is not None and row.on_prefix else 0
+    own = real[shared:]
+    kv = [(k.index_select(2, own), v.index_select(2, own)) for k, v in layers]
+    store.add(Entry(ids, batch.prefix if row.on_prefix else None, kv))

@@ -79,6 +79,8 @@ def test_multi_turn_episodes_equal_the_no_cache_reference(model, tokenizer, samp
         assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), rtol=1e-4, atol=1e-4)
     store = reuse.kv_store
     assert store.hits > 2 * store.misses  # later turns ran only their new tokens
+    if sampling["temperature"] > 0:  # (greedy, the random model ends every turn at its first token)
+        assert reuse.rows_retired > 0  # rows that finished early left their batch
     assert not store.entries  # every finished episode released its cache
 
 
@@ -109,6 +111,22 @@ def test_greedy_equals_plain_when_a_prompt_repeats_an_entry_exactly(model, token
     out = gen(reuse, prompts, temperature=0.0, max_tokens=5)
     again = [prompts[0] + list(out[0][0].token_ids[:-1])]  # the entry's ids exactly: the last one is re-run
     assert_same(gen(reuse, again, temperature=0.0, max_tokens=5), gen(plain, again, temperature=0.0, max_tokens=5))
+
+
+def test_rows_that_finish_early_leave_the_batch_without_changing_the_others(model, tokenizer):
+    prompts = [list(range(4000, 4030)) + [i] for i in range(8)]
+    seeds = list(range(8))
+    free = gen(HFEngine(model, tokenizer, kv_reuse=False), prompts, seeds, temperature=1.0, max_tokens=10)
+    # stop ids that end rows at different steps (per-request seeds: the same draws up to the stop)
+    stops = {c[0].token_ids[k] for c, k in zip(free, (1, 3, 5, 7, 9, 2, 4, 6), strict=True)}
+    reuse, plain = engines(model, tokenizer)
+    kw = dict(temperature=1.0, max_tokens=10, stop_token_ids=tuple(stops))
+    out = gen(reuse, prompts, seeds, **kw)
+    assert_same(out, gen(plain, prompts, seeds, **kw))
+    assert len({len(c[0].token_ids) for c in out}) > 2 and reuse.rows_retired > 0
+    cont = [p + list(c[0].token_ids) + [5, 6] for p, c in zip(prompts, out, strict=True)]  # from the retired rows' KV
+    assert_same(gen(reuse, cont, seeds, **kw), gen(plain, cont, seeds, **kw))
+    assert reuse.kv_store.hits >= sum(len(p) for p in prompts)
 
 
 def test_changed_weights_never_use_stale_kv(model, tokenizer):
