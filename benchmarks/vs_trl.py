@@ -39,7 +39,7 @@ def ctu_half(threads: int, repeats: int, workdir: str) -> tuple[str, list[str], 
     import torch
 
     from ctu.config import load_config
-    from ctu.models import resolve_model_path
+    from ctu.models import resolve_model
     from ctu.train.trainer import Trainer
 
     torch.set_num_threads(threads)
@@ -53,11 +53,7 @@ def ctu_half(threads: int, repeats: int, workdir: str) -> tuple[str, list[str], 
         f"run.dir={workdir}/ctu", "run.overwrite=true", "wandb.enabled=false",
     ]
     trainer = Trainer(load_config(None, overrides))
-    tasks = trainer.domains[0].split("train")[:PROMPTS]
-    prompts = [trainer.chat.tokenizer.decode(trainer.chat.prompt_ids(
-        [{"role": "system", "content": trainer.domains[0].system_prompt()}, {"role": "user", "content": t.user_scenario["script"][0]}],
-        [])) for t in tasks]
-    seconds = []
+    seconds, prompts = [], []
     for _ in range(repeats):
         trainer.step += 1
         started = time.perf_counter()
@@ -66,7 +62,10 @@ def ctu_half(threads: int, repeats: int, workdir: str) -> tuple[str, list[str], 
         m = out["metrics"]
         print(f"ctu step: {seconds[-1]:.1f}s (rollout {m['timing']['rollout_s']:.1f}s, update {m['timing']['update_s']:.1f}s),"
               f" {m['rollout']['episodes']} episodes, reward {m['rollout']['reward']:.3f}", flush=True)
-    return str(resolve_model_path("smollm2-135m")), prompts, seconds
+        if not prompts:  # the step's prompts, as ctu rendered them: TRL gets the same text
+            ids = list(dict.fromkeys(tuple(tr.prompt_ids) for tr in out["trajectories"]))
+            prompts = [trainer.chat.tokenizer.decode(list(p)) for p in ids]
+    return str(resolve_model("smollm2-135m")), prompts, seconds
 
 
 def trl_half(spec_path: str) -> None:
