@@ -42,6 +42,8 @@ class EngineConfig:
     parity_probe_tokens: int = 16
     weight_sync: Literal["merged", "adapter"] = "merged"  # vllm: merged HF weights, or the LoRA adapter (new id per version)
     colocated: bool = True  # vllm shares the GPU with the trainer: sleep during updates, wake for rollouts
+    kv_reuse: bool = True  # hf: keep each episode's KV cache across its turns (false: prefill every prompt whole)
+    kv_cache_tokens: int = 32768  # hf: at most this many tokens' KV kept between calls (least recently used dropped)
 
 
 @dataclass
@@ -248,6 +250,7 @@ class Config:
         positive = {"env.max_turns": config.env.max_turns, "env.max_errors": config.env.max_errors,
                     "sampling.max_tokens": config.sampling.max_tokens, "eval.samples_per_task": config.eval.samples_per_task,
                     "eval.concurrency": config.eval.concurrency, "engine.max_batch_size": config.engine.max_batch_size,
+                    "engine.kv_cache_tokens": config.engine.kv_cache_tokens,
                     "env.max_context_tokens": config.env.max_context_tokens}
         problems += [f"{k}: must be >= 1, got {v}" for k, v in positive.items() if v < 1]
         if not 0 < config.sampling.top_p <= 1:

@@ -265,6 +265,10 @@ def plan(config, gpus: int = 1, gpu_memory_gb: float = 80.0, device: str = "cuda
         parts["hf engine KV cache (bound)"] = (kv_bytes_per_token(a, b) * config.engine.max_batch_size
                                                * config.env.max_context_tokens)
         rollout += parts["hf engine KV cache (bound)"]
+        if getattr(config.engine, "kv_reuse", False):
+            parts["hf engine KV kept across turns (engine.kv_cache_tokens)"] = (kv_bytes_per_token(a, b)
+                                                                                * config.engine.kv_cache_tokens)
+            rollout += parts["hf engine KV kept across turns (engine.kv_cache_tokens)"]
     context = CUDA_CONTEXT if cuda else 0
     train, rollout = (int(x * (1 + FRAGMENTATION)) + context for x in (train, rollout))
     parts["overhead (context, fragmentation)"] = context + int(FRAGMENTATION * max(train, rollout) / (1 + FRAGMENTATION))

@@ -147,6 +147,10 @@ class GenerationBatcher:
                     if not future.done():
                         future.set_result(completions[0])
 
+    def release(self, token_ids: Sequence[int]) -> None:
+        """An episode ended with ``token_ids``: the engine may free what it cached for it."""
+        self.engine.release(token_ids)
+
     def close(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
@@ -209,6 +213,7 @@ async def run_episode(
             stop_reason = "context"  # the next observation would not fit: the sequence stays within budget
             break
         seq.add_observation(observation)
+    batcher.release(seq.all_ids())
     if episode.termination == "user_error":
         stop_reason = "error"
     elif episode.termination == "max_turns":

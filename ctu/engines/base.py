@@ -80,6 +80,10 @@ class Engine(ABC):
     def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:
         """Load new weights (Hugging Face parameter names, merged — no LoRA/PEFT prefixes)."""
 
+    def release(self, token_ids: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """The conversation that ended with ``token_ids`` will not continue: an engine that keeps its KV cache
+        across calls may free it."""
+
     def sleep(self) -> None:  # noqa: B027 - optional hook
         """Free accelerator memory while the trainer runs (colocated engines)."""
 

@@ -1,7 +1,10 @@
 """In-process transformers engine: batched, KV-cached sampling from token-id prompts.
 
 Prompts are batched (prompt x n rows; their shared prefix, e.g. the system prompt, is prefilled once and
-the rest left-padded after it: :func:`ctu.shared_prefix.prefill`), decoded step by step with the model's KV cache, and sampled with temperature and top-p from a seeded generator. The
+the rest left-padded after it), decoded step by step with the model's KV cache, and sampled with temperature and
+top-p from a seeded generator. With ``kv_reuse`` (default) each row's KV cache is kept after generation, so the next
+turn of the same conversation runs only its new tokens (:mod:`ctu.engines.kv_reuse`); without it every prompt is
+prefilled whole (:func:`ctu.shared_prefix.prefill`). Both give the same tokens and logprobs up to float rounding. The
 logprob of each sampled token is taken from ``log_softmax(logits / temperature)`` (plain
 ``log_softmax`` when greedy) before top-p truncation — the same quantity the trainer
 computes with the same temperature, so sampler and trainer logprobs are comparable.
@@ -11,10 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from collections.abc import Iterable, Sequence
 
 import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from ctu.engines import kv_reuse as kvr
 from ctu.engines.base import Completion, Engine, SamplingParams
 from ctu.shared_prefix import prefill
 
@@ -30,6 +36,14 @@ def _eos_ids(model, tokenizer) -> set[int]:
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
+
+
+def _plain_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Per-layer (keys, values) of a cache made only of plain dynamic layers (None otherwise)."""
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer or layer.keys is None for layer in layers):
+        return None
+    return [(layer.keys, layer.values) for layer in layers]
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator):
@@ -61,7 +75,8 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator):
 class HFEngine(Engine):
     """Generation with a Hugging Face causal LM in this process (CPU or CUDA)."""
 
-    def __init__(self, model_or_name, tokenizer=None, device: str | None = None, dtype=None, max_batch_size: int = 64):
+    def __init__(self, model_or_name, tokenizer=None, device: str | None = None, dtype=None, max_batch_size: int = 64,
+                 kv_reuse: bool = True, kv_cache_tokens: int = 32768):
         if isinstance(model_or_name, str):
             from ctu.models import load_model, load_tokenizer
 
@@ -75,6 +90,11 @@ class HFEngine(Engine):
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         self.pad_id = int(pad if pad is not None else next(iter(self.eos_ids), 0))
         self._lock = threading.Lock()
+        self.kv_reuse = kv_reuse
+        self.kv_store = kvr.KVStore(kv_cache_tokens) if kv_reuse else None
+        self._weights_seen: int | None = None
+        self._released: deque[tuple[int, ...]] = deque()
+        self.rows_retired = 0  # rows that left a batch early (finished before the others): not decoded further
 
     @property
     def device(self) -> torch.device:
@@ -105,6 +125,7 @@ class HFEngine(Engine):
             was_training = self.model.training
             self.model.eval()
             try:
+                self._tidy_cache()
                 for start in range(0, len(rows), self.max_batch_size):
                     chunk = rows[start:start + self.max_batch_size]
                     gens = generator[start:start + self.max_batch_size] if isinstance(generator, list) else generator
@@ -121,11 +142,26 @@ class HFEngine(Engine):
         out_ids: list[list[int]] = [[] for _ in prompts]
         out_lp: list[list[float]] = [[] for _ in prompts]
         reason: list[str | None] = [None] * len(prompts)
-        logits, past, mask, positions = prefill(self.model, prompts, self.pad_id)
+        fed: list[list[int]] = [[] for _ in prompts]  # generated ids run through the model, row by row
+        batch = None
+        if self.kv_store is not None:
+            batch = kvr.plan(self.kv_store, prompts, self._prefix_kv)
+            ids, mask, positions, cache = kvr.assemble(batch, self.pad_id, self.device,
+                                                       lambda layers: DynamicCache(ddp_cache_data=layers))
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                             use_cache=True, logits_to_keep=1)
+            logits, past, positions = out.logits[:, -1, :], out.past_key_values, positions[:, -1:]
+        else:
+            logits, past, mask, positions = prefill(self.model, prompts, self.pad_id)
         device = mask.device
+        live = list(range(len(prompts)))  # the prompt row of each batch row
+        # Finished rows leave the batch (their KV kept first) when no shared generator's draws depend on the
+        # batch's shape; with kv_reuse off the engine decodes every row to the batch's end, as it always did.
+        prune = batch is not None and (params.temperature == 0 or not isinstance(generator, torch.Generator))
         for _ in range(params.max_tokens):
-            tokens, logprobs = sample_next(logits, params, generator)
-            for row, (tok, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
+            gens = [generator[r] for r in live] if isinstance(generator, list) else generator
+            tokens, logprobs = sample_next(logits, params, gens)
+            for row, tok, lp in zip(live, tokens.tolist(), logprobs.tolist(), strict=True):
                 if reason[row] is not None:
                     continue
                 out_ids[row].append(tok)
@@ -136,13 +172,76 @@ class HFEngine(Engine):
                     reason[row] = "stop"
             if all(r is not None for r in reason):
                 break
-            mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype, device=device)], dim=-1)
+            finished = [j for j, row in enumerate(live) if reason[row] is not None]
+            if prune and finished and 4 * len(finished) >= len(live):  # copying the cache pays off
+                for j in finished:
+                    self._keep(batch, live[j], past, mask, j, fed, out_ids)
+                kept = [j for j in range(len(live)) if reason[live[j]] is None]
+                index = torch.tensor(kept, device=device)
+                past.batch_select_indices(index)
+                mask, positions, tokens = mask[index], positions[index], tokens[index]
+                live = [live[j] for j in kept]
+                self.rows_retired += len(finished)
+            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=device)], dim=-1)
             positions = positions[:, -1:] + 1
+            for row, tok in zip(live, tokens.tolist(), strict=True):
+                fed[row].append(tok)
             outputs = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
                                  past_key_values=past, use_cache=True)
             past = outputs.past_key_values
             logits = outputs.logits[:, -1, :]
+        if batch is not None:
+            for j, row in enumerate(live):
+                self._keep(batch, row, past, mask, j, fed, out_ids)
         return [Completion(tuple(ids), tuple(lps), r or "length") for ids, lps, r in zip(out_ids, out_lp, reason, strict=True)]
+
+    def _prefix_kv(self, ids: tuple[int, ...]) -> kvr.Prefix | None:
+        """The KV of a shared prefix (batch 1), or None when the model's cache cannot be reused (sliding windows)."""
+        prefix = torch.tensor([list(ids)], device=self.device)
+        out = self.model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, logits_to_keep=1)
+        layers = _plain_layers(out.past_key_values)
+        return None if layers is None else kvr.Prefix(tuple(ids), layers)
+
+    def _keep(self, batch, row: int, past, mask, j: int, fed, out_ids) -> None:
+        """Store prompt row ``row`` (batch row ``j``): the KV of its prompt and of the generated ids it ran."""
+        if self.kv_store is None:
+            return
+        layers = _plain_layers(past)
+        if layers is None:  # e.g. sliding-window layers: this model's cache cannot be kept; prefill whole prompts
+            self.kv_store = None
+            return
+        ran, kept = fed[row], out_ids[row]
+        n = 0  # after a row stops (or a stop string cut it), the ids it ran are not its own
+        while n < min(len(ran), len(kept)) and ran[n] == kept[n]:
+            n += 1
+        kvr.keep_row(self.kv_store, batch, row, [(k[j:j + 1], v[j:j + 1]) for k, v in layers], mask[j], ran[:n])
+
+    def _weights_version(self) -> int:
+        """Changes whenever a parameter is replaced or written in place (an optimizer step, a merge, a load)."""
+        return hash(tuple((p.data_ptr(), p._version) for p in self.model.parameters()))
+
+    def _tidy_cache(self) -> None:
+        """Before a call: drop the caches of released conversations, and all of them if the weights changed."""
+        if self.kv_store is None:
+            return
+        version = self._weights_version()
+        if version != self._weights_seen:
+            self.kv_store.clear()
+            self._weights_seen = version
+        while self._released:
+            self.kv_store.release(self._released.popleft())
+
+    def release(self, token_ids: Sequence[int]) -> None:
+        """The conversation that ended with ``token_ids`` will not continue: its cached KV is dropped now, or at the
+        next call while a generation runs (the event loop never waits for one)."""
+        if self.kv_store is None:
+            return
+        self._released.append(tuple(token_ids))
+        if self._lock.acquire(blocking=False):
+            try:
+                self._tidy_cache()
+            finally:
+                self._lock.release()
 
     def _cut_at_stop_string(self, ids: list[int], lps: list[float], stops: Sequence[str]) -> bool:
         """If the decoded text now contains a stop string, keep tokens through the one completing it."""
@@ -171,3 +270,5 @@ class HFEngine(Engine):
             for name, tensor in incoming:
                 target = params.get(name, buffers.get(name))
                 target.copy_(torch.as_tensor(tensor).to(device=target.device, dtype=target.dtype))
+            if self.kv_store is not None:
+                self.kv_store.clear()

@@ -32,6 +32,7 @@ def test_defaults_yaml_and_dotted_overrides(tmp_path):
     ("env.domains=[mini, moon]", "env.domains[1]: unknown domain 'moon'"),
     ("env.domains=['mod:']", "env.domains[0]: 'mod:' is not 'package.module:function'"),
     ("env.max_turns=0", "env.max_turns: must be >= 1"),
+    ("engine.kv_cache_tokens=0", "engine.kv_cache_tokens: must be >= 1"),
     ("sampling.top_p=1.5", "sampling.top_p"),
     ("engine.kind=remote", "engine.base_url: required"),
     ("env.weights.retail=1", "env.weights.retail: not one of env.domains"),
