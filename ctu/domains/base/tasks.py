@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctu.domains.base.db import DBView
-from ctu.domains.base.tools import Tool
+from ctu.domains.base.tools import Tool, ToolResult, run_tool
+
+REQUESTORS = ("assistant", "user")
 
 
 @dataclass(frozen=True)
@@ -59,14 +61,17 @@ class Task:
     # tau2 skips the DB comparison (DB = 1) when a task lists neither actions nor env assertions
     # (None, as opposed to an empty list, which still requires the DB to stay unchanged).
     checks_db: bool = True
+    # tau2's ``initial_state``: ``initialization_data`` and ``initialization_actions`` applied before the episode
+    initial_state: dict[str, Any] | None = None
 
     @classmethod
     def from_tau2(cls, raw: Mapping[str, Any]) -> Task:
         """Build from one entry of a tau2 ``tasks.json``."""
         crit = raw.get("evaluation_criteria")
+        initial_state = raw.get("initial_state") or None
         if crit is None:
             return cls(id=str(raw["id"]), user_scenario=raw.get("user_scenario") or {},
-                       description=raw.get("description"), has_criteria=False)
+                       description=raw.get("description"), has_criteria=False, initial_state=initial_state)
         actions = tuple(
             Action(
                 name=a["name"],
@@ -97,6 +102,7 @@ class Task:
             reward_basis=tuple(crit.get("reward_basis") or ("DB",)),
             description=raw.get("description"),
             checks_db=crit.get("actions") is not None or crit.get("env_assertions") is not None,
+            initial_state=initial_state,
         )
 
 
@@ -105,6 +111,11 @@ class Domain:
     """A domain: its policy, tools, shared base DB, tasks and splits.
 
     ``assertions`` are the functions env assertions may call, ``fn(db, **args) -> bool``.
+
+    Dual control (tau2's telecom): the user has tools of their own (``user_tools``) acting on their
+    part of the same DB (the user's device); ``functions`` are everything a task's initial state and
+    env assertions may call, by env type (``{"assistant": {name: fn}, "user": {name: fn}}``), and
+    ``sync`` couples the two sides after every successful tool call, as tau2's ``sync_tools``.
     """
 
     name: str
@@ -116,6 +127,9 @@ class Domain:
     assertions: Mapping[str, Callable[..., bool]] = field(default_factory=dict)
     transfer_tool: str | None = "transfer_to_human_agents"
     agent_instruction: str | None = None  # replaces tau2's agent instruction in the system prompt when set
+    user_tools: tuple[Tool, ...] = ()
+    functions: Mapping[str, Mapping[str, Callable[..., Any]]] = field(default_factory=dict)
+    sync: Callable[[DBView], None] | None = None
 
     def tool(self, name: str) -> Tool | None:
         return self._by_name().get(name)
@@ -148,5 +162,59 @@ class Domain:
     def openai_tools(self) -> list[dict[str, Any]]:
         return [t.openai_schema() for t in self.tools]
 
+    def user_tool(self, name: str) -> Tool | None:
+        return next((t for t in self.user_tools if t.name == name), None)
+
+    def openai_user_tools(self) -> list[dict[str, Any]]:
+        return [t.openai_schema() for t in self.user_tools]
+
     def new_db(self) -> DBView:
         return DBView(self.db)
+
+    def function(self, env_type: str, name: str) -> Callable[..., Any] | None:
+        """A function a task may call on one side (initial state, env assertion), or None."""
+        fn = self.functions.get(env_type, {}).get(name)
+        return fn if fn is not None or env_type != "assistant" else self.assertions.get(name)
+
+    def call(self, requestor: str, name: str, arguments: Any, db: DBView, sync: bool = True) -> ToolResult:
+        """Run a tool for the agent (``assistant``) or the user on ``db``; sync the two sides after a success.
+
+        As tau2's ``Environment.get_response``: an unknown name is an error (the user cannot call the
+        agent's tools nor the agent the user's); ``sync=False`` is tau2's ``make_tool_call`` (gold replays).
+        """
+        if requestor not in REQUESTORS:
+            raise ValueError(f"requestor must be one of {', '.join(REQUESTORS)}, got {requestor!r}")
+        tool = self.tool(name) if requestor == "assistant" else self.user_tool(name)
+        result = run_tool(tool, db, arguments, name)
+        if sync and not result.error and self.sync is not None:
+            self.sync(db)
+        return result
+
+    def initial_db(self, task: Task) -> DBView:
+        """A fresh DB with the task's initial state applied (tau2's ``Environment.set_state``).
+
+        Each initialization action runs on its side, then the sides are synced; a failing one is an
+        error naming the task (the task data is wrong, not the agent).
+        """
+        view = self.new_db()
+        state = task.initial_state or {}
+        if state.get("initialization_data"):
+            data = state["initialization_data"]
+            if data.get("agent_data") or data.get("user_data"):
+                raise ValueError(f"task {task.id}: initial_state.initialization_data is not supported by ctu "
+                                 f"(domain '{self.name}'); use initialization_actions")
+        for i, action in enumerate(state.get("initialization_actions") or []):
+            env_type, name = action.get("env_type", "assistant"), action.get("func_name")
+            fn = self.function(env_type, name)
+            if fn is None:
+                raise ValueError(f"task {task.id}: initialization_actions[{i}]: domain '{self.name}' has no "
+                                 f"{env_type} function '{name}'")
+            try:
+                fn(view, **(action.get("arguments") or {}))
+            except Exception as exc:
+                raise ValueError(f"task {task.id}: initialization_actions[{i}] {name} failed: {exc}") from exc
+            if self.sync is not None:
+                self.sync(view)
+        if self.sync is not None:
+            self.sync(view)
+        return view
