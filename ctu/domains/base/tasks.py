@@ -211,10 +211,10 @@ class Domain:
                                  f"{env_type} function '{name}'")
             try:
                 fn(view, **(action.get("arguments") or {}))
+                if self.sync is not None:
+                    self.sync(view)
             except Exception as exc:
                 raise ValueError(f"task {task.id}: initialization_actions[{i}] {name} failed: {exc}") from exc
-            if self.sync is not None:
-                self.sync(view)
         if self.sync is not None:
             self.sync(view)
         return view
