@@ -137,7 +137,8 @@ def _env_assertion_component(domain: Domain, task: Task, final_db: DBView) -> tu
         if fn is None:
             reasons.append(f"ENV_ASSERTION: unknown {assertion.env_type} assertion function '{assertion.func_name}'")
             continue
-        what = assertion.message or f"{assertion.env_type} {assertion.func_name}({_args_text(assertion.arguments)})"
+        what = f"{assertion.env_type} {assertion.func_name}({_args_text(assertion.arguments)})"
+        what += f" ({assertion.message})" if assertion.message else ""
         try:
             met = fn(final_db, **assertion.arguments) == assertion.assert_value
         except Exception as exc:  # tau2's assertion functions raise on a missing record: not met
