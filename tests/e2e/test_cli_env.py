@@ -34,7 +34,7 @@ def test_env_check_telecom_passes_with_user_side_gold_actions(capsys):
     out = capsys.readouterr().out.strip().splitlines()
     n = len(get_domain("telecom").tasks)
     assert n == 2285 and len(out) == n + 1
-    assert out[-1].startswith(f"telecom: {n}/{n} tasks pass (0 failed") and "ENV_ASSERTION=1.0" in out[0]
+    assert out[-1].startswith(f"telecom: {n}/{n} tasks pass on gold actions (0 failed") and "ENV_ASSERTION=1.0" in out[0]
 
 
 def _line(task_id, messages, **extra):
