@@ -76,14 +76,18 @@ class ScriptedSession(UserSession):
 
 
     def _requested(self, agent_message: str) -> list[str]:
-        """The user's tools the agent's message names, in the order it names them."""
+        """The user's tools the agent's message names, in the order it names them (the longest name wins:
+        "toggle_wifi_calling" is not also "toggle_wifi")."""
         text = agent_message.lower()
         found = []
         for name in self.toolbox.names if self.toolbox else []:
-            positions = [p for p in (text.find(name), text.find(name.replace("_", " "))) if p >= 0]
-            if positions:
-                found.append((min(positions), name))
-        return [name for _, name in sorted(found)]
+            for form in (name, name.replace("_", " ")):
+                found += [(m.start(), m.end(), name) for m in re.finditer(rf"(?<![\w]){re.escape(form)}(?![\w])", text)]
+        kept: list[tuple[int, int, str]] = []
+        for start, end, name in sorted(found, key=lambda f: f[0] - f[1]):
+            if all(end <= s or start >= e for s, e, _ in kept):
+                kept.append((start, end, name))
+        return list(dict.fromkeys(name for _, _, name in sorted(kept)))
 
     def _act(self, agent_message: str) -> list[tuple[str, str]]:
         """Perform the tools the agent asked for; (name, result text) of each call made."""

@@ -143,3 +143,31 @@ def test_a_user_model_that_never_stops_calling_tools_errors_the_episode(monkeypa
     asyncio.run(episode.reset())
     asyncio.run(episode.step(AgentTurn(content="Please check your SIM.")))
     assert episode.termination == "user_error" and "kept calling tools: more than 2 rounds" in episode.error
+
+
+def test_gold_demonstrations_solve_every_train_and_test_task_with_the_scripted_user():
+    # what the supervised warm start shows the agent: its own gold calls, and asking the user for theirs
+    from ctu.train.demos import _gold_turns
+
+    solved = 0
+    tasks = TELECOM.split("train") + TELECOM.split("test")
+    for task in tasks:
+        episode = Episode(TELECOM, task, ScriptedUser(patience=len(task.actions) + 8).start(TELECOM, task),
+                          max_turns=len(task.actions) + 2)
+        asyncio.run(episode.reset())
+        for turn in [*_gold_turns(task), AgentTurn(content="Done, your request is complete.")]:
+            asyncio.run(episode.step(turn))
+            if episode.done:
+                break
+        solved += episode.reward().reward == 1.0
+    assert solved == len(tasks) == 114
+
+
+def test_the_scripted_user_performs_the_longest_tool_name_it_reads():
+    task = TELECOM.task("[mms_issue]bad_wifi_calling[PERSONA:Easy]")
+    session = ScriptedUser().start(TELECOM, task)
+    episode = Episode(TELECOM, task, session)
+    asyncio.run(episode.reset())
+    asyncio.run(episode.step(AgentTurn(content="Please toggle wifi calling, then check_status_bar.")))
+    called = [c["function"]["name"] for m in episode.messages if m["role"] == "user" for c in m.get("tool_calls", [])]
+    assert called == ["toggle_wifi_calling", "check_status_bar"]
