@@ -20,7 +20,7 @@ def gold_samples(chat, domain, tasks) -> list[Sample]:
         response, mask = [], []
         final = (f"The order status is {', '.join(task.communicate_info)}." if task.communicate_info
                  else "Done, your request is complete.")
-        turns = _gold_turns(task)
+        turns = gold_turns(task)
         for turn in [*turns, AgentTurn(content=final)]:
             msg = {"role": "assistant", "content": turn.content,
                    "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -38,7 +38,7 @@ def gold_samples(chat, domain, tasks) -> list[Sample]:
     return samples
 
 
-def _gold_turns(task) -> list[AgentTurn]:
+def gold_turns(task) -> list[AgentTurn]:
     """The agent's gold turns: its own gold calls, and a request for each of the user's (dual control)."""
     turns: list[AgentTurn] = []
     for action in task.actions:

@@ -147,7 +147,7 @@ def test_a_user_model_that_never_stops_calling_tools_errors_the_episode(monkeypa
 
 def test_gold_demonstrations_solve_every_train_and_test_task_with_the_scripted_user():
     # what the supervised warm start shows the agent: its own gold calls, and asking the user for theirs
-    from ctu.train.demos import _gold_turns
+    from ctu.train.demos import gold_turns
 
     solved = 0
     tasks = TELECOM.split("train") + TELECOM.split("test")
@@ -155,7 +155,7 @@ def test_gold_demonstrations_solve_every_train_and_test_task_with_the_scripted_u
         episode = Episode(TELECOM, task, ScriptedUser(patience=len(task.actions) + 8).start(TELECOM, task),
                           max_turns=len(task.actions) + 2)
         asyncio.run(episode.reset())
-        for turn in [*_gold_turns(task), AgentTurn(content="Done, your request is complete.")]:
+        for turn in [*gold_turns(task), AgentTurn(content="Done, your request is complete.")]:
             asyncio.run(episode.step(turn))
             if episode.done:
                 break
