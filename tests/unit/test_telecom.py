@@ -223,3 +223,21 @@ def test_a_bad_initial_state_names_the_task_and_the_action():
         {"env_type": "user", "func_name": "no_such_function", "arguments": {}}]})
     with pytest.raises(ValueError, match=r"task b2: initialization_actions\[0\]: domain 'telecom' has no user function"):
         TELECOM.initial_db(bad)
+
+
+def test_malformed_data_files_name_the_file_and_the_record(tmp_path):
+    wheel_dir = find_domain_dir("telecom", db_file="db.toml")
+    folder = tmp_path / "telecom"
+    shutil.copytree(wheel_dir, folder, ignore=shutil.ignore_patterns("tasks*.json", "split_tasks.json", "workflows"))
+    (folder / "tasks.json").write_text("[]")
+    db = (wheel_dir / "db.toml").read_text()
+    (folder / "db.toml").write_text(db.replace('name = "Basic Plan"', 'name = "Basic Plan"\ncolour = "red"', 1))
+    with pytest.raises(ValueError, match=r"db.toml: plans\[0\]: unknown field\(s\) colour"):
+        load(str(folder))
+    (folder / "db.toml").write_text(db)
+    (folder / "user_db.toml").write_text("[device]\nairplane_mode = true\nwings = 2\n")
+    with pytest.raises(ValueError, match=r"user_db.toml: device: unknown field\(s\) wings"):
+        load(str(folder))
+    (folder / "user_db.toml").write_text("[device\n")
+    with pytest.raises(ValueError, match=r"user_db.toml: not valid TOML"):
+        load(str(folder))
