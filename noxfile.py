@@ -1,4 +1,4 @@
-"""nox sessions: lint, unit, e2e, slow, gpu, and ci (the default CPU selection, as CI runs it)."""
+"""nox sessions: lint, unit, e2e, slow, server, gpu, and ci (the default CPU selection, as CI runs it)."""
 
 import nox
 
@@ -37,6 +37,13 @@ def e2e(session: nox.Session) -> None:
 def slow(session: nox.Session) -> None:
     _install(session)
     session.run("python", "-m", "pytest", "-m", "slow", *session.posargs)
+
+
+@nox.session
+def server(session: nox.Session) -> None:
+    """The real-server tier: transformers serve on 127.0.0.1 with a tiny model (FastAPI and uvicorn come with dev)."""
+    _install(session)
+    session.run("python", "-m", "pytest", "-m", "server", "tests/e2e/test_real_server.py", *session.posargs)
 
 
 @nox.session

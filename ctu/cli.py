@@ -120,11 +120,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """k samples per task over the configured domains and splits; reports into run.dir."""
     import asyncio
 
-    from tqdm import tqdm
-
     from ctu import components as build
     from ctu.config import save_config
-    from ctu.evaluate import episode_specs, write_report
+    from ctu.evaluate import episode_specs, progress_bar, write_report
     from ctu.rollout import RolloutLimits, rollout
 
     config = _load(args)
@@ -135,22 +133,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     chat = build.build_chat(config)
     engine = build.build_engine(config, tokenizer=chat.tokenizer)
     limits = RolloutLimits(config.env.max_turns, config.env.max_errors, config.env.max_context_tokens)
-    bar = tqdm(total=len(specs), desc="eval", unit="episode", dynamic_ncols=True, disable=None)
-    wins = [0, 0]
-
-    def done(trajectory) -> None:
-        wins[0] += trajectory.success
-        wins[1] += 1
-        bar.set_postfix(success=f"{wins[0] / wins[1]:.2f}")
-        bar.update()
-
     try:
-        trajectories = asyncio.run(rollout(
-            specs, chat, engine, user, build.sampling_params(config, config.eval.temperature),
-            limits, judge=judge, concurrency=config.eval.concurrency,
-            max_batch_size=config.engine.max_batch_size, on_done=done))
+        with progress_bar(len(specs)) as done:
+            trajectories = asyncio.run(rollout(
+                specs, chat, engine, user, build.sampling_params(config, config.eval.temperature),
+                limits, judge=judge, concurrency=config.eval.concurrency,
+                max_batch_size=config.engine.max_batch_size, on_done=done))
     finally:
-        bar.close()
         engine.close()
     report = write_report(config.run.dir, trajectories, config.eval.save_tokens)
     if trajectories and all(t.stop_reason == "error" for t in trajectories):
@@ -198,11 +187,13 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """GRPO/LoRA training; see configs/ for presets."""
+    from ctu.report import before_after_table
     from ctu.train.trainer import Trainer
 
     config = _load(args)
     summary = Trainer(config).run()
-    print(f"done: run directory {config.run.dir} (metrics.jsonl, checkpoints/, export/, curves.png)")
+    print(before_after_table(config.run.dir))
+    print(f"done: run directory {config.run.dir} (metrics.jsonl, eval/, checkpoints/, export/, curves.png)")
     return 0 if summary else 1
 
 
@@ -288,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="draw training curves", description="Draw RUN_DIR/metrics.jsonl to curves.png.")
     report.add_argument("run_dir")
     report.set_defaults(func=cmd_report)
-    for command in (check, score, ev, play, train, plan, report):  # --debug also after the command's name
+    from ctu.data.commands import add_parser as add_data_parser
+
+    for command in (check, score, ev, play, train, plan, report, *add_data_parser(sub)):  # --debug also after the command's name
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                              help="on failure, show the full traceback")
     return parser

@@ -10,7 +10,29 @@ from ctu.users.base import UserSimulator
 
 
 def build_domains(config: Config) -> list[Domain]:
-    return [get_domain(name, config.env.tau2_data_dir) for name in config.env.domains]
+    """The configured domains; ``env.tasks.<name>`` replaces a domain's tasks (and splits, from the
+    ``split_tasks.json`` beside the file) with a tau2 tasks file, e.g. one written by ``ctu data import``."""
+    domains = [get_domain(name, config.env.tau2_data_dir) for name in config.env.domains]
+    if not config.env.tasks:
+        return domains
+    import dataclasses
+
+    from ctu.data.prompts import load_tasks
+
+    out = []
+    for spec, domain in zip(config.env.domains, domains, strict=True):
+        path = config.env.tasks.get(spec)
+        if path is not None:
+            tasks, splits = load_tasks(path)
+            ids = {t.id for t in tasks}
+            splits = splits or {}  # without split_tasks.json: split "all" only
+            for split, members in splits.items():
+                missing = [i for i in members if i not in ids]
+                if missing:
+                    raise ValueError(f"{path}: split '{split}' names task '{missing[0]}', which the file does not hold")
+            domain = dataclasses.replace(domain, tasks=tasks, splits=splits)
+        out.append(domain)
+    return out
 
 
 def build_chat(config: Config, tokenizer=None):
@@ -46,9 +68,10 @@ def build_user(config: Config) -> UserSimulator:
         return ScriptedUser(patience=config.user.patience)
     from ctu.users.llm import LLMUser, LLMUserConfig
 
-    return LLMUser(LLMUserConfig(model=config.user.model, base_url=config.user.base_url,
-                                 api_key_env=config.user.api_key_env, strategy=config.user.strategy,
-                                 temperature=config.user.temperature))
+    u = config.user
+    return LLMUser(LLMUserConfig(model=u.model, base_url=u.base_url, api_key_env=u.api_key_env, strategy=u.strategy,
+                                 temperature=u.temperature, max_tokens=u.max_tokens, max_retries=u.max_retries,
+                                 backoff_initial=u.backoff_initial, backoff_max=u.backoff_max, timeout=u.timeout))
 
 
 def build_judge(config: Config):
@@ -57,7 +80,16 @@ def build_judge(config: Config):
         return None
     from ctu.judge import LLMJudge
 
-    return LLMJudge(model=config.judge.model, base_url=config.judge.base_url, api_key_env=config.judge.api_key_env)
+    return LLMJudge(chat_api(config.judge), max_tokens=config.judge.max_tokens)
+
+
+def chat_api(section):
+    """A ChatAPIConfig from a config section with model, base_url, api_key_env and the retry budget."""
+    from ctu.llm_api import ChatAPIConfig
+
+    return ChatAPIConfig(model=section.model, base_url=section.base_url, api_key_env=section.api_key_env,
+                         max_retries=section.max_retries, backoff_initial=section.backoff_initial,
+                         backoff_max=section.backoff_max, timeout=section.timeout)
 
 
 def sampling_params(config: Config, temperature: float | None = None) -> SamplingParams:

@@ -53,7 +53,19 @@ class SamplingConfig:
 
 
 @dataclass
-class UserConfig:
+class ChatAPIBudget:
+    """How a chat API (LLM user, judge, shaping judge) is waited for. By default a failing request is retried
+    for 40-80 s in all (longer than a local server's restart), then the episode is marked errored."""
+
+    max_retries: int = 8  # retries after the first attempt, on 429, 5xx, timeouts and connection errors
+    backoff_initial: float = 1.0  # seconds before the first retry; doubles per retry up to backoff_max, x jitter [0.5, 1)
+    backoff_max: float = 16.0  # also caps a server's Retry-After
+    timeout: float = 60.0  # seconds per request
+    max_tokens: int = 512  # per completion
+
+
+@dataclass
+class UserConfig(ChatAPIBudget):
     kind: Literal["scripted", "llm"] = "scripted"
     model: str = "gpt-4.1-mini"
     base_url: str | None = None
@@ -68,6 +80,7 @@ class EnvConfig:
     domains: list[str] = field(default_factory=lambda: ["mini"])
     weights: dict[str, float] = field(default_factory=dict)  # sampling weight per domain (default equal)
     tau2_data_dir: str | None = None
+    tasks: dict[str, str] = field(default_factory=dict)  # domain -> a tau2 tasks.json replacing its tasks (ctu data import)
     max_turns: int = 12
     max_errors: int = 5
     max_context_tokens: int = 4096
@@ -91,7 +104,7 @@ class EvalConfig:
 
 
 @dataclass
-class JudgeConfig:
+class JudgeConfig(ChatAPIBudget):
     enabled: bool = False
     model: str = "gpt-4.1-mini"
     base_url: str | None = None
@@ -145,6 +158,7 @@ class TrainerConfig:
     sft_steps: int = 0  # supervised warm start on gold demonstrations (train split) before RL
     sft_lr: float = 1e-4
     sft_batch_size: int = 8
+    sft_data: str | None = None  # warm start on this OpenAI chat JSONL / sharegpt file instead of gold demos
     ckpt_interval: int = 5
     keep_checkpoints: int = 2
     eval_interval: int = 0  # 0: only before (if eval_before_train) and after training
@@ -163,7 +177,7 @@ class WandbConfig:
 
 
 @dataclass
-class ShapingConfig:
+class ShapingConfig(ChatAPIBudget):
     """Judge shaping ("taxonomy feedback"): a bounded bonus/penalty from an LLM judge, in training only."""
 
     enabled: bool = False
@@ -175,12 +189,16 @@ class ShapingConfig:
 
 @dataclass
 class DistributedConfig:
-    """Where rollouts and updates run. 0 rollout workers: in this process (the default, no Ray needed)."""
+    """Where rollouts and updates run. 0 workers of a kind: in this process (the default, no Ray needed)."""
 
     rollout_workers: int = 0  # >0: that many Ray actors, each with its own engine, domains and user simulator
-    trainer_workers: int = 1  # FSDP2 trainer ranks (ctu/distributed/fsdp.py); only 1 is wired into ctu train yet
+    trainer_workers: int = 0  # >0: that many FSDP2 trainer ranks as Ray actors (ctu/distributed/ray_trainer.py)
+    placement: str = "colocated"  # colocated: rollout worker k shares trainer rank k % N's bundle (GPU); split
     address: str | None = None  # join a running Ray cluster ("auto"); None starts a local one
     worker_cpus: float = 1.0  # CPUs each rollout actor reserves
+    trainer_cpus: float = 1.0  # CPUs each trainer rank reserves
+    cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy: sharded params, grads and optimizer state in CPU memory
+    placement_timeout_s: float = 600.0  # how long to wait for the cluster to have room for the placement group
 
 
 @dataclass
@@ -215,6 +233,13 @@ class Config:
                                 "or 'package.module:function')")
         if not config.env.domains:
             problems.append("env.domains: at least one domain is needed")
+        for name, path in config.env.tasks.items():
+            if name not in config.env.domains:
+                problems.append(f"env.tasks.{name}: not one of env.domains")
+            elif not Path(path).is_file():
+                problems.append(f"env.tasks.{name}: tasks file {path} does not exist")
+        if config.trainer.sft_data is not None and not Path(config.trainer.sft_data).is_file():
+            problems.append(f"trainer.sft_data: file {config.trainer.sft_data} does not exist")
         for name, weight in config.env.weights.items():
             if name not in config.env.domains:
                 problems.append(f"env.weights.{name}: not one of env.domains")
@@ -249,8 +274,21 @@ class Config:
             problems.append(f"trainer.resume: '{t.resume}' is neither 'latest' nor a checkpoint directory")
         if config.lora.rank < 1:
             problems.append(f"lora.rank: must be >= 1, got {config.lora.rank}")
+        for section in ("user", "judge", "shaping"):
+            problems += _budget_problems(section, getattr(config, section))
         problems += _update_problems(config)
         return problems
+
+
+def _budget_problems(section: str, b: ChatAPIBudget) -> list[str]:
+    out = [f"{section}.{k}: must be >= 0, got {v}" for k, v in (("max_retries", b.max_retries),
+                                                                 ("backoff_initial", b.backoff_initial)) if v < 0]
+    out += [f"{section}.{k}: must be > 0, got {v}" for k, v in (("timeout", b.timeout), ("max_tokens", b.max_tokens))
+            if v <= 0]
+    if b.backoff_max < b.backoff_initial:
+        out.append(f"{section}.backoff_max: must be >= {section}.backoff_initial ({b.backoff_initial}), "
+                   f"got {b.backoff_max}")
+    return out
 
 
 def _update_problems(config: Config) -> list[str]:
@@ -288,11 +326,14 @@ def _update_problems(config: Config) -> list[str]:
     if d.rollout_workers and (e.kind != "hf" or e.weight_sync != "merged"):
         out.append("distributed.rollout_workers: Ray rollout workers run the hf engine with merged weights "
                    "(engine.kind=hf, engine.weight_sync=merged)")
-    if d.trainer_workers != 1:
-        out.append(f"distributed.trainer_workers: {d.trainer_workers} trainer ranks are not wired into ctu train yet "
-                   "(FSDP2 is in ctu/distributed/fsdp.py, tested on its own); use 1")
-    if d.worker_cpus <= 0:
-        out.append(f"distributed.worker_cpus: must be > 0, got {d.worker_cpus}")
+    if d.trainer_workers < 0:
+        out.append(f"distributed.trainer_workers: must be >= 0, got {d.trainer_workers}")
+    if d.placement not in ("colocated", "split"):
+        out.append(f"distributed.placement: must be colocated or split, got {d.placement!r}")
+    for key in ("worker_cpus", "trainer_cpus", "placement_timeout_s"):
+        if getattr(d, key) <= 0:
+            out.append(f"distributed.{key}: must be > 0, got {getattr(d, key)}")
+
     return out
 
 
@@ -303,6 +344,14 @@ def training_problems(config: Config) -> list[str]:
         out.append("engine.kind: 'remote' cannot be trained: ctu cannot push weights into a remote server, so every "
                    "step after the first would sample from stale weights; use engine.kind=hf or vllm for training "
                    "(remote serves ctu eval)")
+    if config.trainer.sft_data and config.trainer.sft_steps > 0:  # a bad file fails now, not after the first eval
+        from ctu.data.conversations import DataError
+        from ctu.data.sft import read_conversations
+
+        try:
+            read_conversations(config.trainer.sft_data)
+        except DataError as exc:
+            out.append(f"trainer.sft_data: {exc}")
     return out
 
 

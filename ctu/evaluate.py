@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,27 @@ def episode_specs(domains: Sequence[Domain], splits: Sequence[str], samples: int
                 seen.add(task.id)
                 specs.extend(EpisodeSpec(domain, task, s) for s in range(samples))
     return specs
+
+
+@contextmanager
+def progress_bar(total: int, desc: str = "eval") -> Iterator:
+    """A console bar over ``total`` episodes with the running success rate; yields the per-episode callback
+    (``on_done`` of :func:`ctu.rollout.rollout` and of a rollout pool). Hidden when stderr is not a terminal."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="episode", dynamic_ncols=True, disable=None)
+    wins = [0, 0]
+
+    def done(trajectory: Trajectory) -> None:
+        wins[0] += trajectory.success
+        wins[1] += 1
+        bar.set_postfix(success=f"{wins[0] / wins[1]:.2f}")
+        bar.update()
+
+    try:
+        yield done
+    finally:
+        bar.close()
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, Any]:

@@ -48,9 +48,12 @@ def read_verdicts(text: str, n: int) -> list[tuple[bool, str]]:
 class LLMJudge:
     """Grades NL assertions; implements ``ctu.reward.NLJudge``."""
 
-    def __init__(self, model: str, base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY", sleep=None):
-        config = ChatAPIConfig(model=model, base_url=base_url, api_key_env=api_key_env)
+    def __init__(self, model: str | ChatAPIConfig, base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY",
+                 sleep=None, max_tokens: int = 512):
+        """``model``: a model name (with ``base_url``/``api_key_env``) or a whole ChatAPIConfig (retry budget too)."""
+        config = model if isinstance(model, ChatAPIConfig) else ChatAPIConfig(model, base_url, api_key_env)
         self.client = ChatClient(config) if sleep is None else ChatClient(config, sleep=sleep)
+        self.max_tokens = max_tokens
 
     def __repr__(self) -> str:
         return f"LLMJudge(model={self.client.config.model!r}, base_url={self.client.config.base_url!r})"
@@ -58,5 +61,6 @@ class LLMJudge:
     async def judge(self, assertions: Sequence[str], messages: Sequence[Mapping[str, Any]]) -> list[tuple[bool, str]]:
         prompt = f"conversation:\n{conversation_text(messages)}\n\nexpectedOutcomes:\n{json.dumps(list(assertions))}"
         text = await self.client.complete([{"role": "system", "content": JUDGE_PROMPT},
-                                           {"role": "user", "content": prompt}], temperature=0.0)
+                                           {"role": "user", "content": prompt}], temperature=0.0,
+                                          max_tokens=self.max_tokens)
         return read_verdicts(text, len(assertions))

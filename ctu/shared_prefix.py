@@ -35,8 +35,15 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
 
 
 def _can_share(model: torch.nn.Module) -> bool:
+    """Not for gradient passes that would run a layer twice before its backward: with gradient checkpointing,
+    and under FSDP2 (the first backward through a layer reshards it, and the prefix pass's backward then finds
+    its saved weights freed)."""
+    from torch.distributed.fsdp import FSDPModule
+
     checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
-    return not (model.training and checkpointing)
+    if model.training and checkpointing:
+        return False
+    return not (torch.is_grad_enabled() and any(isinstance(m, FSDPModule) for m in model.modules()))
 
 
 def _prefix_cache(model, prefix: torch.Tensor, batch: int, head: bool = True):

@@ -56,12 +56,13 @@ class Tracker:
             self._wandb = self._start_wandb(config or {}, wandb_project, wandb_mode, run_name, resume_step)
 
     def _truncate_after(self, step: int) -> None:
-        """On resume, drop records of steps after the checkpoint (they will be redone)."""
-        if not self.path.exists():
-            return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        """On resume, drop records of steps after the checkpoint (they will be redone), evaluations included."""
+        for path in (self.path, eval_history_path(self.run_dir)):
+            if not path.exists():
+                continue
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= step]
+            path.write_text("".join(line + "\n" for line in kept))
 
     def _start_wandb(self, config, project, mode, run_name, resume_step):
         import wandb
@@ -112,6 +113,42 @@ class Tracker:
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def eval_history_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "eval" / "history.jsonl"
+
+
+def eval_phase(tag: str, step: int, max_steps: int) -> str:
+    """Which evaluation of a run this is: before, after_warm_start, periodic or final."""
+    if tag == "after_sft":
+        return "after_warm_start"
+    if step == 0:
+        return "before"
+    return "final" if step >= max_steps else "periodic"
+
+
+def record_eval(run_dir: str | Path, *, tag: str, phase: str, step: int, success: Mapping[str, float],
+                seconds: float, episodes: int) -> dict[str, Any]:
+    """Append one evaluation to ``run_dir/eval/history.jsonl``: its phase, step, wall-clock start and end
+    (``time.time()``), duration and held-out success per scope (what curves.png and the console table show)."""
+    import time
+
+    end = time.time()
+    record = {"tag": tag, "phase": phase, "step": step, "started": end - seconds, "ended": end,
+              "seconds": seconds, "episodes": episodes, "success": _clean(dict(success))}
+    path = eval_history_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    return record
+
+
+def read_evals(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = eval_history_path(run_dir)
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

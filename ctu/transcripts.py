@@ -61,6 +61,14 @@ def _check_message(i: int, msg: Any) -> None:
             raise TranscriptError(f"{where}.tool_calls[{j}].function.arguments must be a JSON string or an object")
 
 
+def check_messages(messages: Any) -> None:
+    """Raise :class:`TranscriptError` naming the first bad message of an OpenAI-format conversation."""
+    if not isinstance(messages, list):
+        raise TranscriptError("field 'messages' is missing or not a list")
+    for i, msg in enumerate(messages):
+        _check_message(i, msg)
+
+
 def parse_line(text: str) -> Transcript:
     """Validate one JSONL line of a transcript file."""
     try:
@@ -72,10 +80,7 @@ def parse_line(text: str) -> Transcript:
     if "task_id" not in obj or not isinstance(obj["task_id"], (str, int)):
         raise TranscriptError("field 'task_id' is missing or not a string")
     messages = obj.get("messages")
-    if not isinstance(messages, list):
-        raise TranscriptError("field 'messages' is missing or not a list")
-    for i, msg in enumerate(messages):
-        _check_message(i, msg)
+    check_messages(messages)
     domain = obj.get("domain")
     if domain is not None and not isinstance(domain, str):
         raise TranscriptError("field 'domain' must be a string")

@@ -45,8 +45,9 @@ def _barrier() -> None:
 
 
 def save_sharded(root: str | Path, step: int, *, policy, optimizer, scheduler, extra: dict[str, Any],
-                 keep: int = 2) -> Path:
-    """Write ``ROOT/step_{step}`` from every rank (a collective); returns its path on every rank."""
+                 keep: int = 2, files: dict[str, Any] | None = None) -> Path:
+    """Write ``ROOT/step_{step}`` from every rank (a collective); returns its path on every rank. ``files``:
+    more objects rank 0 saves (``torch.save``) into the checkpoint under those names (e.g. the KL reference)."""
     root = Path(root)
     final, tmp = root / f"step_{step}", root / f".tmp-step_{step}"
     if _rank() == 0:
@@ -58,6 +59,8 @@ def save_sharded(root: str | Path, step: int, *, policy, optimizer, scheduler, e
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp))
     if _rank() == 0:
         torch.save({"scheduler": scheduler.state_dict(), "rng": rng_state(), "extra": extra}, tmp / "state.pt")
+        for name, value in (files or {}).items():
+            torch.save(value, tmp / name)
     _barrier()  # every shard is on disk before the marker
     if _rank() == 0:
         (tmp / COMPLETE).write_text(json.dumps({"step": step, "format": "dcp",

@@ -226,6 +226,7 @@ def gathered_lora_tensors(policy: Policy, to_rank: int | None = 0) -> dict[str, 
     collective, returned on rank ``to_rank`` (``None``: every rank), empty elsewhere."""
     if not policy.lora:
         raise ValueError("gathered_lora_tensors: the policy has no LoRA adapters")
+    _reshard(policy.model)
     out = {n: _full(p.detach()).clone() for n, p in policy.model.named_parameters() if p.requires_grad}
     if is_sharded(policy) and to_rank is not None and dist.get_rank() != to_rank:
         return {}

@@ -95,9 +95,10 @@ class RolloutPool(ABC):
 
     @abstractmethod
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int,
-            judge_enabled: bool = False) -> list[Trajectory]:
+            judge_enabled: bool = False, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         """One trajectory per spec, in the order of ``specs``; episode ``i`` is seeded ``seed + i``.
-        ``judge_enabled``: score NL assertions with the configured judge (evaluation), else they are skipped."""
+        ``judge_enabled``: score NL assertions with the configured judge (evaluation), else they are skipped.
+        ``on_done`` is called with each trajectory as it finishes (progress bars)."""
 
     @abstractmethod
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
@@ -157,10 +158,10 @@ class LocalPool(RolloutPool):
         return 1
 
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int,
-            judge_enabled: bool = False) -> list[Trajectory]:
+            judge_enabled: bool = False, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         return asyncio.run(rollout(specs, self.chat, self.engine, self.user, params, self.limits,
                                    judge=self.judge if judge_enabled else None, concurrency=self.concurrency,
-                                   max_batch_size=self.max_batch_size, seed=seed))
+                                   max_batch_size=self.max_batch_size, seed=seed, on_done=on_done))
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
         self.engine.update_weights(named_tensors)

@@ -141,11 +141,13 @@ class RayPool(RolloutPool):
     initialised. ``num_cpus``/``num_gpus``: per worker. ``max_restarts``: how often Ray restarts a dead worker;
     ``restart_timeout_s``: how long a rerun waits for the restart.
     ``fault_files``: worker index -> fault file (tests; see :class:`RolloutWorker`).
+    ``placement``: ``{"pg", "bundles", "worker_gpu"}`` from :func:`ctu.distributed.ray_trainer.placement_bundles`
+    (worker k in bundle ``bundles[k]`` of placement group ``pg``); None: anywhere in the cluster.
     """
 
     def __init__(self, config, num_workers: int, address: str | None = None, *, num_cpus: float = 1,
                  num_gpus: float = 0, max_restarts: int = 2, restart_timeout_s: float = 300.0,
-                 fault_files: dict[int, str] | None = None):
+                 fault_files: dict[int, str] | None = None, placement: dict | None = None):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         ray = _import_ray()
@@ -155,10 +157,17 @@ class RayPool(RolloutPool):
                      **({} if address else {"_node_ip_address": "127.0.0.1"}))
         self.config = config
         self.restart_timeout_s = restart_timeout_s
-        remote = ray.remote(RolloutWorker).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
-                                                   max_task_retries=0)
+        remote = ray.remote(RolloutWorker)
         faults = fault_files or {}
-        self.workers = [remote.remote(config, faults.get(k)) for k in range(num_workers)]
+        self.workers = []
+        for k in range(num_workers):  # placement: the trainer group's placement group (ray_trainer.placement_bundles)
+            options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts, "max_task_retries": 0}
+            if placement is not None:
+                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                options.update(num_gpus=placement["worker_gpu"], scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement["pg"], placement_group_bundle_index=placement["bundles"][k]))
+            self.workers.append(remote.options(**options).remote(config, faults.get(k)))
         self.dead: set[int] = set()  # workers that failed a chunk twice: given no more episodes
         self.weights_ref = None  # the last weights put in the object store, and their version
         self.version = -1
@@ -173,7 +182,7 @@ class RayPool(RolloutPool):
         return [k for k in range(len(self.workers)) if k not in self.dead]
 
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int,
-            judge_enabled: bool = False) -> list[Trajectory]:
+            judge_enabled: bool = False, on_done=None) -> list[Trajectory]:
         ray = _import_ray()
         from ray.exceptions import RayActorError
 
@@ -207,6 +216,8 @@ class RayPool(RolloutPool):
                 why = "died twice" if attempt else "died and was not restarted"
                 reason = f"rollout worker {k} {why} running these episodes: {str(exc).splitlines()[0]}"
                 results[a:b] = [errored_trajectory(key, reason) for key in keys[a:b]]
+            for trajectory in results[a:b] if on_done is not None else ():  # a chunk at a time
+                on_done(trajectory)
         return results  # type: ignore[return-value]
 
     def _await_restart(self, k: int) -> bool:

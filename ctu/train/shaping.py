@@ -25,14 +25,18 @@ Answer with JSON only: {{"failure_modes": [...], "score": <number between -1 and
 
 class JudgeShaper:
     def __init__(self, config: ShapingConfig, sleep=None):
-        api = ChatAPIConfig(model=config.model, base_url=config.base_url, api_key_env=config.api_key_env)
+        api = ChatAPIConfig(model=config.model, base_url=config.base_url, api_key_env=config.api_key_env,
+                            max_retries=config.max_retries, backoff_initial=config.backoff_initial,
+                            backoff_max=config.backoff_max, timeout=config.timeout)
         self.client = ChatClient(api) if sleep is None else ChatClient(api, sleep=sleep)
         self.max_bonus = config.max_bonus
+        self.max_tokens = config.max_tokens
 
     async def bonus(self, messages) -> float:
         try:
             text = await self.client.complete([{"role": "system", "content": PROMPT},
-                                               {"role": "user", "content": conversation_text(messages)}])
+                                               {"role": "user", "content": conversation_text(messages)}],
+                                              max_tokens=self.max_tokens)
         except LLMCallError:
             return 0.0  # no verdict, no shaping: the env reward stands alone
         match = re.search(r"\{.*\}", text, re.S)

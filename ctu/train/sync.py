@@ -15,7 +15,6 @@ import torch
 
 from ctu.config import Config
 from ctu.engines.parity import check_parity
-from ctu.train.logprobs import token_logprobs
 from ctu.train.weights import hf_name
 
 
@@ -37,29 +36,18 @@ def adapter_named_tensors(model: torch.nn.Module):
 class WeightSync:
     """Sync to a rollout pool (:mod:`ctu.distributed.pool`): the in-process engine or every Ray worker."""
 
-    def __init__(self, config: Config, policy, pool):
+    def __init__(self, config: Config, group, pool):
         self.config = config
-        self.policy = policy
+        self.group = group  # a TrainerGroup (ctu/distributed/group.py)
         self.pool = pool
-        self.shares_model = getattr(getattr(pool, "engine", None), "model", None) is policy.model
+        model = getattr(group, "model", None)
+        self.shares_model = model is not None and getattr(getattr(pool, "engine", None), "model", None) is model
         self.version = -1
         self.base_changed = False  # the engine's base weights must be (re)sent before adapter-only syncs
 
     def before_update(self) -> None:
         if self.config.engine.colocated:
             self.pool.sleep()
-
-    def _score(self, ids: torch.Tensor, attn: torch.Tensor, temperature: float) -> torch.Tensor:
-        """The trainer's teacher-forced logprobs of ``ids[:, 1:]`` (eval mode, no gradient)."""
-        model = self.policy.model
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                device = self.policy.device
-                return token_logprobs(model, ids.to(device), attn.to(device), temperature)[0]
-        finally:
-            model.train(was_training)
 
     def after_update(self, version: int) -> dict[str, float]:
         """Wake, send the weights of policy ``version`` (the global step), probe parity; this sync's metrics
@@ -70,12 +58,12 @@ class WeightSync:
         if not self.shares_model:
             if self.config.engine.weight_sync == "adapter":
                 if self.base_changed:  # e.g. after the warm start was merged into the base (rebase_reference)
-                    self.pool.update_weights(base_named_tensors(self.policy.model), version)
-                self.pool.update_adapter(adapter_named_tensors(self.policy.model), version)
+                    self.pool.update_weights(self.group.base_weights(), version)
+                self.pool.update_adapter(self.group.adapter_weights(), version)
             else:
-                self.pool.update_weights(self.policy.merged_named_tensors(), version)
+                self.pool.update_weights(self.group.merged_weights(), version)
         self.base_changed = False
-        diffs = self.pool.parity(self._score, temperature=self.config.sampling.temperature,
+        diffs = self.pool.parity(self.group.score, temperature=self.config.sampling.temperature,
                                  tokens=self.config.engine.parity_probe_tokens, seed=self.config.run.seed)
         diff = max(diffs) if all(d == d for d in diffs) else float("nan")  # a dead worker reports NaN
         check_parity(diff, self.config.engine.parity_tolerance)

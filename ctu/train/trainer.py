@@ -7,7 +7,6 @@ rewards exist as :class:`TrainingRewards`, which evaluation code never takes.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections.abc import Sequence
@@ -18,24 +17,17 @@ import torch
 
 from ctu import components as build
 from ctu.config import Config, ConfigError, save_config, to_dict, training_problems
-from ctu.evaluate import episode_specs, write_report
+from ctu.distributed.group import build_trainer_group, sft_batches
+from ctu.evaluate import episode_specs, progress_bar, write_report
 from ctu.metrics import distribution, mean
 from ctu.rl.advantages import informative_groups, scored_advantages
 from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
 from ctu.rollout import EpisodeSpec, Trajectory
-from ctu.tracking import Tracker
-from ctu.train.checkpoint import (
-    clean_stale,
-    load_checkpoint,
-    load_reference,
-    previous_run,
-    resolve_resume,
-    save_checkpoint,
-)
-from ctu.train.demos import gold_samples
-from ctu.train.policy import build_policy, export
+from ctu.tracking import Tracker, eval_phase, record_eval
+from ctu.train.checkpoint import clean_stale, previous_run, resolve_resume
+from ctu.train.demos import warm_start_samples
 from ctu.train.sync import WeightSync
-from ctu.train.update import policy_update, sequence_kl, sft_update, to_sample
+from ctu.train.update import release_memory, to_sample
 
 
 @dataclass(frozen=True)
@@ -68,34 +60,6 @@ class TaskSampler:
         self.rng.setstate(state)
 
 
-def _schedule(cfg, total_steps: int):
-    def factor(update: int) -> float:
-        if cfg.warmup_steps and update < cfg.warmup_steps:
-            return (update + 1) / cfg.warmup_steps
-        if cfg.schedule == "cosine":
-            progress = (update - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-        return 1.0
-    return factor
-
-
-def release_memory() -> None:
-    """Hand freed heap memory back to the OS between phases. Generation runs in a worker thread and training in
-    the main thread, so glibc keeps each phase's peak in its own arena; trimming keeps the process's peak at the
-    largest phase instead of their sum (quickstart: 4.5 GB -> see README)."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()
-    name = ctypes.util.find_library("c")
-    if name:
-        try:
-            ctypes.CDLL(name).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc
-            pass
-
-
 def prepare_run_dir(config: Config) -> None:
     """Refuse a ``run.dir`` that holds another run, unless told to resume it or to overwrite it."""
     run_dir = Path(config.run.dir)
@@ -126,8 +90,8 @@ class Trainer:
         self.run_dir = Path(config.run.dir)
         torch.manual_seed(config.run.seed)
         random.seed(config.run.seed)
-        self.policy = build_policy(config)
-        self.chat = build.build_chat(config, tokenizer=self.policy.tokenizer)
+        self.group = build_trainer_group(config)
+        self.chat = build.build_chat(config, tokenizer=self.group.tokenizer)
         self.domains = build.build_domains(config)
         self.user = build.build_user(config)
         self.judge = build.build_judge(config)
@@ -136,22 +100,19 @@ class Trainer:
             from ctu.distributed.ray_pool import RayPool
 
             self.pool = RayPool(config, config.distributed.rollout_workers, config.distributed.address,
-                                num_cpus=config.distributed.worker_cpus)
-        else:  # this process: the hf engine shares the policy's weights
+                                num_cpus=config.distributed.worker_cpus,
+                                placement=getattr(self.group, "rollout_placement", None))
+        else:  # this process: an in-process hf engine shares the policy's weights
             from ctu.distributed.pool import LocalPool
 
             kind = config.engine.kind
-            self.engine = build.build_engine(config, model=self.policy.model if kind == "hf" else None,
-                                             tokenizer=self.policy.tokenizer)
+            shared = getattr(self.group, "model", None) if kind == "hf" else None
+            self.engine = build.build_engine(config, model=shared, tokenizer=self.group.tokenizer)
             self.pool = LocalPool.from_config(config, self.engine, self.chat, self.user, judge=self.judge)
-        self.sync = WeightSync(config, self.policy, self.pool)
+        self.sync = WeightSync(config, self.group, self.pool)
         self.rebased = False  # the KL reference is the warm-started policy (stored in checkpoints)
         self.sampler = TaskSampler(self.domains, [config.env.weights.get(n, 1.0) for n in config.env.domains],
                                    config.run.seed)
-        t = config.trainer
-        self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=t.lr, weight_decay=t.weight_decay)
-        total_updates = t.max_steps * t.mini_batches * t.ppo_epochs
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(t, total_updates))
         self.step = 0
         self.shaper = None
         if config.shaping.enabled:
@@ -159,21 +120,32 @@ class Trainer:
 
             self.shaper = JudgeShaper(config.shaping)
 
+    @property
+    def policy(self):
+        """The in-process policy (:class:`~ctu.distributed.group.LocalTrainer` only)."""
+        return self.group.policy
+
     # -- pieces ----------------------------------------------------------------------------
-    def _rollout(self, specs: Sequence[EpisodeSpec], temperature: float, seed: int, judge=None) -> list[Trajectory]:
+    def _rollout(self, specs: Sequence[EpisodeSpec], temperature: float, seed: int, judge=None,
+                 on_done=None) -> list[Trajectory]:
         params = replace(build.sampling_params(self.config, temperature), seed=seed)
-        return self.pool.run(specs, params, seed, judge_enabled=judge is not None)
+        return self.pool.run(specs, params, seed, judge_enabled=judge is not None, on_done=on_done)
 
     def evaluate(self, tag: str) -> dict:
         specs = episode_specs(self.domains, self.config.eval.splits, self.config.eval.samples_per_task,
                               self.config.trainer.eval_max_tasks)
         started = time.perf_counter()
-        trajectories = self._rollout(specs, self.config.eval.temperature, seed=10_000 + self.step, judge=self.judge)
+        with progress_bar(len(specs), f"eval {tag}") as on_done:
+            trajectories = self._rollout(specs, self.config.eval.temperature, seed=10_000 + self.step,
+                                         judge=self.judge, on_done=on_done)
         release_memory()
         report = write_report(self.run_dir / "eval" / tag, trajectories)
         out = {f"eval/{scope}/success": s["success_rate"] for scope, s in report.items()}
         print(f"eval {tag} ({len(specs)} episodes, {time.perf_counter() - started:.0f}s): "
               + ", ".join(f"{k}={v:.3f}" for k, v in out.items()), flush=True)
+        record_eval(self.run_dir, tag=tag, phase=eval_phase(tag, self.step, self.config.trainer.max_steps),
+                    step=self.step, success={scope: s["success_rate"] for scope, s in report.items()},
+                    seconds=time.perf_counter() - started, episodes=len(specs))
         return out
 
     def rewards(self, trajectories: Sequence[Trajectory]) -> TrainingRewards:
@@ -233,7 +205,7 @@ class Trainer:
         kl_penalties = [0.0] * len(trajectories)
         if t.kl_coef > 0 and t.kl_in_reward:  # KL in the reward: r - kl_coef * KL(episode)
             every = [to_sample(tr.prompt_ids, tr.response_ids, tr.loss_mask, tr.logprobs, 0.0) for tr in trajectories]
-            kl_penalties = [t.kl_coef * k for k in sequence_kl(self.policy, every, t, self.config.sampling.temperature)]
+            kl_penalties = [t.kl_coef * k for k in self.group.kl(every, self.config.sampling.temperature)]
             rewards = TrainingRewards(rewards.env, tuple(r - k for r, k in zip(rewards.shaped, kl_penalties, strict=True)))
         advantages = scored_advantages(t.advantage, rewards.shaped, groups, excluded)  # out before baselines
         mask_length = self.config.filters.mask_length_stop
@@ -244,8 +216,8 @@ class Trainer:
         samples = [s for s in samples if any(s.mask)]
         update_started = time.perf_counter()
         self.sync.before_update()
-        stats = policy_update(self.policy, self.optimizer, self.scheduler, samples, t, self.config.sampling.temperature,
-                              seed=self.config.run.seed * 1_000_003 + self.step)
+        stats = self.group.update(samples, self.config.sampling.temperature,
+                                  seed=self.config.run.seed * 1_000_003 + self.step)
         release_memory()
         sync = self.sync_weights()
         sync_s = sync.pop("seconds")
@@ -263,7 +235,7 @@ class Trainer:
             "per_domain": {d.name: {"reward": mean(tr.reward for tr in scored if tr.domain == d.name),
                                     "success": mean(float(tr.success) for tr in scored if tr.domain == d.name)}
                            for d in self.domains},
-            "train": {**stats, "lr": self.scheduler.get_last_lr()[0]},
+            "train": stats,
             "sync": sync,
             "timing": {"rollout_s": rollout_s, "update_s": time.perf_counter() - update_started, "sync_s": sync_s,
                        "step_s": time.perf_counter() - started,
@@ -275,20 +247,20 @@ class Trainer:
         t = self.config.trainer
         if t.sft_steps <= 0:
             return None
-        demos = [s for d in self.domains for s in gold_samples(
-            self.chat, d, d.split("train") if "train" in d.splits else list(d.tasks))]
-        optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=t.sft_lr, weight_decay=0.0)
-        rng = random.Random(self.config.run.seed)
-        loss = 0.0
+        demos = warm_start_samples(self.chat, self.domains, t.sft_data)
         from tqdm import tqdm
 
-        bar = tqdm(range(t.sft_steps), desc="warm start (supervised)", unit="step", dynamic_ncols=True)
-        for _ in bar:
-            batch = rng.sample(demos, min(len(demos), t.sft_batch_size))
-            loss = sft_update(self.policy, optimizer, batch, t.micro_batch_tokens)
-            release_memory()
+        batches = sft_batches(demos, t.sft_steps, t.sft_batch_size, self.config.run.seed)
+        bar = tqdm(total=t.sft_steps, desc="warm start (supervised)", unit="step", dynamic_ncols=True)
+
+        def on_step(loss: float) -> None:
             bar.set_postfix(loss=f"{loss:.3f}")
-        self.policy.rebase_reference()  # the KL reference is now the warm-started policy
+            bar.update()
+
+        try:
+            loss = self.group.sft(demos, batches, on_step=on_step)  # then the KL reference is the warm-started policy
+        finally:
+            bar.close()
         self.rebased = self.sync.base_changed = True
         self.sync_weights()
         return loss
@@ -298,6 +270,7 @@ class Trainer:
             return self._run()
         finally:
             self.pool.close()  # Ray workers (and a cluster the pool started) go away with the run
+            self.group.close()
 
     def _run(self) -> dict:
         cfg, t = self.config, self.config.trainer
@@ -306,12 +279,9 @@ class Trainer:
         clean_stale(ckpt_root)
         resume_from = resolve_resume(ckpt_root, t.resume)
         if resume_from is not None:
-            reference = load_reference(resume_from)
-            if reference is not None:
-                self.policy.load_reference_state(reference)
+            self.step, extra, rebased = self.group.load(resume_from)
+            if rebased:
                 self.rebased = self.sync.base_changed = True
-            self.step, extra = load_checkpoint(resume_from, model=self.policy.model, optimizer=self.optimizer,
-                                               scheduler=self.scheduler)
             self.sampler.set_state(extra["sampler"])
             self.sync_weights()
             print(f"resumed from {resume_from} (step {self.step})")
@@ -344,16 +314,14 @@ class Trainer:
                 if self.step % t.examples_interval == 0:
                     tracker.examples(self.step, [tr.to_json() for tr in out["trajectories"][: t.examples_count]])
                 if self.step % t.ckpt_interval == 0 or self.step == t.max_steps:
-                    save_checkpoint(ckpt_root, self.step, model=self.policy.model, optimizer=self.optimizer,
-                                    scheduler=self.scheduler, extra={"sampler": self.sampler.state()},
-                                    keep=t.keep_checkpoints,
-                                    reference=self.policy.reference_state() if self.rebased else None)
+                    self.group.save(ckpt_root, self.step, {"sampler": self.sampler.state()}, t.keep_checkpoints,
+                                    with_reference=self.rebased)
                 bar.set_postfix(reward=f"{metrics['rollout']['reward']:.2f}", loss=f"{metrics['train']['loss']:.3f}")
                 bar.update()
             bar.close()
             summary["after"] = self.evaluate(f"step_{self.step}")
             if t.export:
-                summary["export"] = export(self.policy, self.run_dir / "export", cfg.model.path)
+                summary["export"] = self.group.export(self.run_dir / "export", cfg.model.path)
                 print(f"exported: {summary['export']}")
         from ctu.report import draw_curves
 

@@ -44,6 +44,10 @@ class Sample:
     advantage: float
 
 
+# What a data-parallel rank without episodes runs so that it takes part in every collective (zero weight).
+FILLER = Sample([0, 0], [1], [0.0], 0.0)
+
+
 def to_sample(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask: Sequence[int],
               logprobs: Sequence[float], advantage: float) -> Sample:
     ids = list(prompt_ids) + list(response_ids)
@@ -119,8 +123,16 @@ def sequence_kl(policy: Policy, samples: Sequence[Sample], cfg: TrainerConfig, t
                 reduce: Reduce | None = None) -> list[float]:
     """Per-episode KL to the reference, summed over its sampled tokens (for KL in the reward)."""
     out: list[float] = [0.0] * len(samples)
-    for idx, dummy in _same_count(micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens), reduce):
-        batch = collate([samples[i] for i in idx], policy.device)
+    rows = list(samples)
+    if reduce is not None:
+        total = reduce([float(len(rows))], "sum")[0]
+        if total and not rows:  # no episode here: join the collectives with a weightless one
+            rows = [FILLER]
+    batches = micro_batches([len(s.ids) for s in rows], cfg.micro_batch_tokens) if rows else []
+    for idx, dummy in _same_count(batches, reduce):
+        if not samples:
+            dummy = True
+        batch = collate([rows[i] for i in idx], policy.device)
         current = score_logprobs(policy.model, batch, temperature)
         with policy.as_reference() as reference:
             ref = score_logprobs(reference, batch, temperature)
@@ -145,16 +157,17 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     """
     stats = empty_stats()
     samples = [s for s in samples if any(s.mask)]
+    filler = False  # this rank has no episode while others do: it joins every collective with a weightless one
     if reduce is not None:
-        least, total = reduce([float(len(samples))], "min")[0], reduce([float(len(samples))], "sum")[0]
-        if total and not least:
-            raise ValueError("policy_update: a rank has no episode with a sampled token while others do; "
-                             "give every rank at least one")
+        total = reduce([float(len(samples))], "sum")[0]
+        filler = bool(total) and not samples
+        if filler:
+            samples = [FILLER]
     if not samples:
         return stats
     device = policy.device
     model = policy.model
-    masks = [torch.tensor(s.mask, dtype=torch.float) for s in samples]
+    masks = [torch.tensor(s.mask, dtype=torch.float) * (0.0 if filler else 1.0) for s in samples]
     norm_length = max(int(m.sum()) for m in masks)  # Dr.GRPO's constant: the longest response of this update
     stats["trained_tokens"] = float(sum(float(m.sum()) for m in masks))
     if reduce is not None:
@@ -170,10 +183,15 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     for idx, dummy in _same_count(micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens), reduce):
         b = collate([samples[i] for i in idx], device)
         lp = score_logprobs(model, b, temperature)
+        if filler:
+            for i in idx:
+                old[i] = torch.zeros(len(samples[i].mask))
+                if ref is not None:
+                    ref[i] = torch.zeros(len(samples[i].mask))
         if ref is not None:
             with policy.as_reference() as reference:
                 rlp = score_logprobs(reference, b, temperature)
-        if dummy:
+        if dummy or filler:
             continue
         mismatch_sum += float(((lp - b["sampler"]).abs() * b["mask"]).sum())
         for row, i in enumerate(idx):
@@ -195,7 +213,7 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
             for episodes in split_episodes(len(samples), parts, rng):
                 _optimizer_step(policy, optimizer, [samples[i] for i in episodes], [old[i] for i in episodes],
                                 [ref[i] for i in episodes] if ref is not None else None,
-                                [masks[i] for i in episodes], norm_length, cfg, temperature, sums, reduce)
+                                [masks[i] for i in episodes], norm_length, cfg, temperature, sums, reduce, filler)
                 scheduler.step()
                 steps += 1
     finally:
@@ -208,13 +226,15 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
 
 def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[torch.Tensor],
                     ref: list[torch.Tensor] | None, masks: list[torch.Tensor], norm_length: int,
-                    cfg: TrainerConfig, temperature: float, sums: dict[str, float], reduce: Reduce | None = None) -> None:
-    """One optimizer step over these episodes; adds this step's stats to ``sums``."""
+                    cfg: TrainerConfig, temperature: float, sums: dict[str, float], reduce: Reduce | None = None,
+                    filler: bool = False) -> None:
+    """One optimizer step over these episodes; adds this step's stats to ``sums`` (``filler``: this rank only
+    joins the collectives, with zero weight)."""
     device = policy.device
     weights = aggregation_weights(masks, cfg.loss_aggregation, norm_length)
     tokens = float(sum(x.sum() for x in masks))
     if reduce is not None:  # the local denominators made global (weights scale by local / global)
-        local = [tokens, float(sum(1 for m in masks if m.sum() > 0)), float(len(masks))]
+        local = [tokens, float(sum(1 for m in masks if m.sum() > 0)), 0.0 if filler else float(len(masks))]
         total = reduce(local, "sum")
         which = {"token_mean": 0, "seq_mean_token_mean": 1, "seq_mean_token_sum_norm": 2}[cfg.loss_aggregation]
         weights = [w * (max(1.0, local[which]) / max(1.0, total[which])) for w in weights]
@@ -223,7 +243,7 @@ def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[
     optimizer.zero_grad(set_to_none=True)
     step = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction"), 0.0)
     for idx, dummy in _same_count(micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens), reduce):
-        zero = [0.0 * weights[i] for i in idx] if dummy else None  # a repeated micro-batch: forwards, adds nothing
+        zero = [0.0 * weights[i] for i in idx] if dummy or filler else None  # a repeated micro-batch: forwards, adds nothing
         b = collate([samples[i] for i in idx], device, zero or [weights[i] for i in idx])
         share = collate([samples[i] for i in idx], device, zero or [token_share[i] for i in idx])["weight"]
         width = b["mask"].shape[1]
@@ -275,24 +295,49 @@ def _pad(rows: list[torch.Tensor], width: int, device) -> torch.Tensor:
     return out.to(device)
 
 
-def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], token_budget: int) -> float:
-    """One supervised step (train mode): mean negative logprob of the masked (assistant) tokens."""
+def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], token_budget: int,
+               reduce: Reduce | None = None) -> float:
+    """One supervised step (train mode): mean negative logprob of the masked (assistant) tokens.
+    With ``reduce`` (data parallelism) ``samples`` is this rank's slice and the mean is over every rank's tokens."""
     optimizer.zero_grad(set_to_none=True)
-    batches = [collate([samples[i] for i in idx], policy.device)
-               for idx in micro_batches([len(s.ids) for s in samples], token_budget)]
-    total = sum(float(b["mask"].sum()) for b in batches) or 1.0
+    rows = list(samples)
+    filler = False
+    if reduce is not None and not rows:
+        rows, filler = [FILLER], True
+    batches = [(collate([rows[i] for i in idx], policy.device), dummy)
+               for idx, dummy in _same_count(micro_batches([len(s.ids) for s in rows], token_budget), reduce)]
+    local = 0.0 if filler else sum(float(b["mask"].sum()) for b, dummy in batches if not dummy)
+    total = (reduce([local], "sum")[0] if reduce is not None else local) or 1.0
     loss_sum = 0.0
     model = policy.model
     was_training = model.training
     model.train()
     try:
-        for b in batches:
+        for b, dummy in batches:
             logp, _ = token_logprobs(model, b["ids"], b["attn"], needed=b["mask"])
-            loss = -(logp * b["mask"]).sum() / total
+            scale = 0.0 if dummy or filler else 1.0
+            loss = -(logp * b["mask"]).sum() * scale / total
             loss.backward()
             loss_sum += float(loss.detach())
     finally:
         model.train(was_training)
     torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)
     optimizer.step()
-    return loss_sum
+    return reduce([loss_sum], "sum")[0] if reduce is not None else loss_sum
+
+
+def release_memory() -> None:
+    """Hand freed heap memory back to the OS between phases. Generation runs in a worker thread and training in
+    the main thread, so glibc keeps each phase's peak in its own arena; trimming keeps the process's peak at the
+    largest phase instead of their sum (quickstart: 4.5 GB -> see README)."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name:
+        try:
+            ctypes.CDLL(name).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass

@@ -98,22 +98,39 @@ def absorb_lora(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def export(policy, out_dir: str | Path, base_path: str) -> dict[str, str]:
     """Write the merged Hugging Face model in fp32 (and, with LoRA, the PEFT adapter) under ``out_dir``."""
-    from transformers import AutoModelForCausalLM
-
-    from ctu.models import resolve_model
-
     out = Path(out_dir)
     paths = {}
     if policy.lora:
         policy.model.save_pretrained(out / "adapter")
         paths["adapter"] = str(out / "adapter")
-    merged = AutoModelForCausalLM.from_pretrained(resolve_model(base_path), dtype=torch.float32)
-    state = {name: tensor.cpu() for name, tensor in policy.merged_named_tensors(dtype=torch.float32)}
-    missing, unexpected = merged.load_state_dict(state, strict=False)
+    merged = {name: tensor.cpu() for name, tensor in policy.merged_named_tensors(dtype=torch.float32)}
+    return {**paths, **export_tensors(merged, out, base_path, policy.tokenizer)}
+
+
+def export_tensors(merged: dict[str, torch.Tensor], out_dir: Path, base_path: str, tokenizer,
+                   adapter: dict[str, torch.Tensor] | None = None, peft_config=None) -> dict[str, str]:
+    """Write ``out_dir/merged`` (a Hugging Face model dir, fp32) from merged HF-named tensors and, given the
+    adapter's PEFT-named tensors and its ``LoraConfig``, ``out_dir/adapter`` as PEFT saves it (adapter name
+    dropped from the keys); for a sharded policy, whose tensors were gathered."""
+    from transformers import AutoModelForCausalLM
+
+    from ctu.models import resolve_model
+
+    paths = {}
+    if adapter is not None and peft_config is not None:
+        from safetensors.torch import save_file
+
+        (out_dir / "adapter").mkdir(parents=True, exist_ok=True)
+        peft_config.save_pretrained(str(out_dir / "adapter"))
+        state = {re.sub(r"\.(lora_[AB])\.[^.]+\.", r".\1.", n): t.contiguous() for n, t in adapter.items()}
+        save_file(state, str(out_dir / "adapter" / "adapter_model.safetensors"))
+        paths["adapter"] = str(out_dir / "adapter")
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(base_path), dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(merged, strict=False)
     if unexpected or [m for m in missing if "lm_head" not in m]:
         raise RuntimeError(f"export name mismatch: missing={missing[:5]} unexpected={unexpected[:5]}")
-    merged.tie_weights()
-    merged.save_pretrained(out / "merged")
-    policy.tokenizer.save_pretrained(out / "merged")
-    paths["merged"] = str(out / "merged")
+    model.tie_weights()
+    model.save_pretrained(out_dir / "merged")
+    tokenizer.save_pretrained(out_dir / "merged")
+    paths["merged"] = str(out_dir / "merged")
     return paths

@@ -5,9 +5,9 @@ The simulator sees the conversation from the customer's side: the agent's messag
 - ``llm``: one completion per reply;
 - ``react``: the model writes ``Thought:`` then ``User Response:``; only the response is sent;
 - ``verify``: a second call checks the reply against the scenario; a rejected reply is
-  regenerated (up to ``max_verify_rounds`` times);
+  regenerated with the rejection in the prompt (up to ``max_verify_rounds`` times);
 - ``reflection``: like verify, but a rejected reply is first reflected on, and the
-  reflection's revised response is used.
+  reflection's revised response is used (only a clean ``Response:``; never its scaffolding).
 Failures after retries raise UserSimulatorError: the episode is marked errored.
 
 Dual control (telecom): the user's own tools go to the chat API as ``tools``; a reply that calls
@@ -24,7 +24,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ctu.domains.base import Domain, Task
-from ctu.llm_api import ChatAPIConfig, ChatClient, LLMCallError
+from ctu.llm_api import (
+    DEFAULT_BACKOFF_INITIAL,
+    DEFAULT_BACKOFF_MAX,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT,
+    ChatAPIConfig,
+    ChatClient,
+    LLMCallError,
+)
 from ctu.users.base import UserSession, UserSimulator, UserSimulatorError
 
 GUIDELINES = """# User simulation guidelines
@@ -84,10 +92,10 @@ class LLMUserConfig:
     strategy: Strategy = "llm"
     temperature: float = 0.0
     max_tokens: int = 512
-    max_retries: int = 4
-    backoff_initial: float = 0.5
-    backoff_max: float = 8.0
-    timeout: float = 60.0
+    max_retries: int = DEFAULT_MAX_RETRIES
+    backoff_initial: float = DEFAULT_BACKOFF_INITIAL
+    backoff_max: float = DEFAULT_BACKOFF_MAX
+    timeout: float = DEFAULT_TIMEOUT
     max_verify_rounds: int = 2
     max_tool_rounds: int = 10
 
@@ -119,9 +127,18 @@ def system_prompt(task: Task, strategy: Strategy, with_tools: bool = False) -> s
     return base + REACT_SUFFIX if strategy == "react" else base
 
 
-def _after(label: str, text: str) -> str:
-    parts = re.split(rf"{label}\s*:", text)
-    return parts[-1].strip() if len(parts) > 1 else text.strip()
+SCAFFOLD = re.compile(r"^\s*(?:Thought|Reflection|User Response|Response)\s*:", re.I | re.M)
+PLACEHOLDER = re.compile(r"^<[^<>\n]*>$")  # a template slot echoed back, e.g. "<the corrected customer reply>"
+REJECTED = ("(A note from the simulation's supervisor, not from the agent: your last reply was rejected because "
+            "{problem}. Write a different reply to the agent's last message, following the scenario.)")
+
+
+def _labelled(label: str, text: str) -> str | None:
+    """What follows the last ``label:``; None when the label is missing or what follows is empty, a template
+    placeholder or more scaffolding (such text must never reach the agent)."""
+    parts = re.split(rf"\b{label}\s*:", text, flags=re.I)
+    body = parts[-1].strip() if len(parts) > 1 else ""
+    return body if body and not PLACEHOLDER.match(body) and not SCAFFOLD.search(body) else None
 
 
 class LLMUserSession(UserSession):
@@ -171,25 +188,44 @@ class LLMUserSession(UserSession):
             scenario=scenario_prompt(self.task), conversation=self._transcript(), reply=reply)}])
         return "true" in verdict.strip().lower()[:10]
 
-    async def _generate(self) -> str:
-        raw = await self._complete_acting()
-        return _after("User Response", raw) if self.config.strategy == "react" else raw.strip()
+    async def _reflect(self, reply: str) -> str | None:
+        reflection = await self._complete([{"role": "user", "content": REFLECT_PROMPT.format(
+            scenario=scenario_prompt(self.task), conversation=self._transcript(), reply=reply)}])
+        return _labelled("Response", reflection)
+
+    def _message(self, raw: str) -> str | None:
+        """The customer's message in a completion; None if it holds only scaffolding (react's Thought)."""
+        if self.config.strategy != "react":
+            return raw.strip() or None
+        found = _labelled("User Response", raw)
+        return found if found is not None or SCAFFOLD.search(raw) else raw.strip() or None
 
     async def reply(self, agent_message: str) -> str:
+        """The next customer message. verify/reflection check it against the scenario; a rejected reply (or a
+        react reply without its ``User Response:``) is regenerated with the rejection in the prompt, so that it
+        changes even at temperature 0; reflection's revision replaces it only when it has a clean ``Response:``."""
         self.history.append({"role": "user", "content": agent_message})
-        reply = await self._generate()
-        if self.config.strategy in ("verify", "reflection"):
-            for _ in range(self.config.max_verify_rounds):
-                if await self._verified(reply):
-                    break
-                if self.config.strategy == "verify":
-                    reply = await self._generate()
-                else:
-                    reflection = await self._complete([{"role": "user", "content": REFLECT_PROMPT.format(
-                        scenario=scenario_prompt(self.task), conversation=self._transcript(), reply=reply)}])
-                    reply = _after("Response", reflection)
+        raw = await self._complete_acting()
+        reply = self._message(raw)
+        problem = ""
+        for _ in range(self.config.max_verify_rounds):
+            if reply is None:
+                problem = "it had no 'User Response:' section"
+            elif self.config.strategy not in ("verify", "reflection") or await self._verified(reply):
+                break
+            else:
+                problem = "it is not consistent with the scenario"
+                if self.config.strategy == "reflection":
+                    revised = await self._reflect(reply)
+                    if revised is not None:
+                        raw = reply = revised
+                        continue
+            raw = await self._complete([*self.history, {"role": "assistant", "content": raw},
+                                        {"role": "user", "content": REJECTED.format(problem=problem)}])
+            reply = self._message(raw)
         if not reply:
-            raise UserSimulatorError(f"user simulator model '{self.config.model}' produced an empty reply")
+            raise UserSimulatorError(f"user simulator model '{self.config.model}' gave no usable reply after "
+                                     f"{self.config.max_verify_rounds + 1} tries ({problem})")
         self.history.append({"role": "assistant", "content": reply})
         return reply
 

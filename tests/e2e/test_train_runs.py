@@ -9,6 +9,7 @@ from ctu.rollout import Trajectory
 from ctu.tracking import read_metrics
 from ctu.train import trainer as trainer_module
 from ctu.train.checkpoint import list_checkpoints, save_checkpoint
+from ctu.train.demos import gold_samples
 from ctu.train.trainer import Trainer, TrainingRewards
 from ctu.train.update import sequence_kl
 
@@ -23,7 +24,7 @@ def config(run_dir, *extra):
 def no_model_load(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("a model was loaded before the config was refused")
-    monkeypatch.setattr(trainer_module, "build_policy", refuse)
+    monkeypatch.setattr(trainer_module, "build_trainer_group", refuse)
 
 
 def test_a_new_run_refuses_a_run_dir_holding_another_run(tmp_path, monkeypatch):
@@ -67,7 +68,8 @@ def test_stale_temporary_checkpoints_are_cleaned_at_start(tmp_path):
     (["trainer.warmup_steps=-1"], "trainer.warmup_steps"), (["trainer.grad_clip=0"], "trainer.grad_clip"),
     (["trainer.kl_coef=-0.1"], "trainer.kl_coef"), (["lora.dropout=1.0"], "lora.dropout"),
     (["engine.parity_tolerance=0"], "engine.parity_tolerance"),
-    (["distributed.trainer_workers=2"], "distributed.trainer_workers"),
+    (["distributed.trainer_workers=-1"], "distributed.trainer_workers"),
+    (["distributed.placement=spread"], "distributed.placement"), (["distributed.trainer_cpus=0"], "trainer_cpus"),
     (["distributed.rollout_workers=2", "engine.kind=vllm"], "distributed.rollout_workers"),
 ])
 def test_values_that_would_fail_an_update_fail_validation(tmp_path, overrides, message):
@@ -127,7 +129,7 @@ def test_after_the_warm_start_the_kl_reference_is_the_warm_started_policy(tmp_pa
     cfg = config(tmp_path / "run", "trainer.sft_steps=3", "trainer.sft_lr=0.01", "trainer.sft_batch_size=2",
                  "trainer.kl_coef=0.1", "trainer.max_steps=1")
     trainer = Trainer(cfg)
-    samples = trainer_module.gold_samples(trainer.chat, trainer.domains[0], trainer.domains[0].split("train")[:2])
+    samples = gold_samples(trainer.chat, trainer.domains[0], trainer.domains[0].split("train")[:2])
     trainer.warm_start()
     kls = sequence_kl(trainer.policy, samples, cfg.trainer, 1.0)
     assert max(abs(k) for k in kls) <= 1e-3 * max(1.0, len(samples[0].ids))

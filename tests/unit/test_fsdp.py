@@ -27,15 +27,25 @@ CASES = {  # name: (overrides, lr)
     "full-token_mean": (["lora.enabled=false", "trainer.loss_aggregation=token_mean",
                          "trainer.gradient_checkpointing=true"], 0.05),
     "full-seq_mean_token_mean": (["lora.enabled=false", "trainer.loss_aggregation=seq_mean_token_mean"], 0.05),
+    # episodes sharing a system prompt, several per micro-batch: the shared-prefix forward must not run a layer
+    # twice before its backward under FSDP2 (it freed the resharded weights the prefix pass had saved)
+    "lora-shared-prefix": (["lora.enabled=true", "trainer.micro_batch_tokens=400"], 0.05),
 }
 COMMON = ["trainer.grad_clip=1000000.0", "trainer.kl_coef=0.3", "trainer.entropy_coef=0.01",
           "trainer.micro_batch_tokens=40", "model.dtype=float32"]
 
 
-def episodes(n: int = N_EPISODES, seed: int = 0):
+def episodes(n: int = N_EPISODES, seed: int = 0, shared: bool = False):
     from tests.unit.test_update_semantics import samples
 
-    return samples(seed, n)
+    out = samples(seed, n)
+    if shared:  # a common 24-token system prompt in front of every episode
+        prefix = [1] + [7 + (3 * k) % 150 for k in range(23)]
+        for s in out:
+            s.ids = prefix + s.ids[1:]
+            s.mask = [0] * (len(prefix) - 1) + s.mask
+            s.sampler_logprobs = [0.0] * (len(prefix) - 1) + s.sampler_logprobs
+    return out
 
 
 def make_policy(model_path: str, overrides: list[str]):
@@ -125,10 +135,10 @@ def job_equivalence(rank, world, model_path, cases):
     from ctu.distributed.fsdp import make_reduce, shard_policy
 
     results = {}
-    batch = episodes()
     start = sum(SPLIT[:rank])
-    mine = batch[start:start + SPLIT[rank]]
     for name in cases:
+        batch = episodes(shared=name.endswith("shared-prefix"))
+        mine = batch[start:start + SPLIT[rank]]
         overrides, lr = CASES[name]
         cfg, policy = make_policy(model_path, overrides)
         shard_policy(policy)
@@ -210,7 +220,7 @@ def test_two_rank_update_equals_the_single_process_update(case, distributed, mod
     overrides, lr = CASES[case]
     cfg, policy = make_policy(model_path, overrides)
     before = trainable_full(policy)
-    single = update(policy, cfg, episodes(), lr)
+    single = update(policy, cfg, episodes(shared=case.endswith("shared-prefix")), lr)
     got = distributed[case]
     for key in STAT_KEYS:
         assert rel(got["stats"][key], single[key]) <= 1e-4, (key, got["stats"][key], single[key])

@@ -101,7 +101,7 @@ def test_429_is_retried_honouring_retry_after(monkeypatch):
 @respx.mock
 def test_5xx_until_exhausted_raises_a_clear_error_without_the_key(monkeypatch):
     route = respx.post(URL).mock(return_value=reply("", 503))
-    user, slept = make_user(monkeypatch=monkeypatch, max_retries=3)
+    user, slept = make_user(monkeypatch=monkeypatch, max_retries=3, backoff_initial=0.5, backoff_max=8.0)
     with pytest.raises(UserSimulatorError) as err:
         asyncio.run(user.start(None, TASK).reply("hi"))
     text = str(err.value)
@@ -118,7 +118,7 @@ def test_5xx_until_exhausted_raises_a_clear_error_without_the_key(monkeypatch):
 @respx.mock
 def test_backoff_is_capped_at_backoff_max(monkeypatch):
     respx.post(URL).mock(return_value=reply("", 500))
-    user, slept = make_user(monkeypatch=monkeypatch, max_retries=6, backoff_max=2.0)
+    user, slept = make_user(monkeypatch=monkeypatch, max_retries=6, backoff_initial=0.5, backoff_max=2.0)
     with pytest.raises(UserSimulatorError):
         asyncio.run(user.start(None, TASK).reply("hi"))
     jitter = random.Random(0)
@@ -170,3 +170,64 @@ def test_concurrent_sessions_keep_their_own_history(monkeypatch):
     replies = asyncio.run(talk())
     assert replies == [f"echo agent {i}" for i in range(20)]
     assert all(len(s.history) == 3 and s.history[1]["content"] == f"agent {i}" for i, s in enumerate(sessions))
+
+
+@respx.mock
+def test_reflection_without_a_response_label_never_sends_its_scaffolding(monkeypatch):
+    route = respx.post(URL).mock(side_effect=[reply("My email is a@b.c"), reply("false"),
+                                              reply("Reflection:\nI invented the email."),  # no Response: label
+                                              reply("I don't know my email."), reply("true")])
+    user, _ = make_user("reflection", monkeypatch)
+    assert asyncio.run(user.start(None, TASK).reply("Email?")) == "I don't know my email."
+    regenerated = sent(route, 3)["messages"]
+    assert regenerated[-2] == {"role": "assistant", "content": "My email is a@b.c"}
+    assert "rejected" in regenerated[-1]["content"] and len(route.calls) == 5
+
+
+@respx.mock
+def test_reflection_echoing_the_template_slot_is_not_a_reply(monkeypatch):
+    respx.post(URL).mock(side_effect=[
+        reply("My email is a@b.c"), reply("false"),
+        reply("Reflection:\nInvented.\n\nResponse:\n<the corrected customer reply>"),
+        reply("Sorry, I don't have it."), reply("true")])
+    user, _ = make_user("reflection", monkeypatch)
+    assert asyncio.run(user.start(None, TASK).reply("Email?")) == "Sorry, I don't have it."
+
+
+@respx.mock
+def test_verify_at_temperature_0_regenerates_something_different(monkeypatch):
+    # a temperature-0 server answers the same messages with the same text: regenerating from the same
+    # messages (as before) returned the rejected reply again, so verify never changed anything
+    verdicts = iter(["false", "true"])
+
+    def deterministic(request):
+        messages = json.loads(request.content)["messages"]
+        if messages[0]["content"].startswith("You supervise"):
+            return reply(next(verdicts))
+        return reply(f"reply #{len(json.dumps(messages))}")
+
+    route = respx.post(URL).mock(side_effect=deterministic)
+    user, _ = make_user("verify", monkeypatch, temperature=0.0)
+    first = f"reply #{len(json.dumps([user.start(None, TASK).history[0], {'role': 'user', 'content': 'Email?'}]))}"
+    final = asyncio.run(user.start(None, TASK).reply("Email?"))
+    assert final != first and final.startswith("reply #") and len(route.calls) == 4
+    assert sent(route, 2)["messages"] != sent(route, 0)["messages"] and sent(route, 2)["temperature"] == 0.0
+
+
+@respx.mock
+def test_react_without_user_response_is_regenerated_never_sent(monkeypatch):
+    route = respx.post(URL).mock(side_effect=[reply("Thought:\nI should ask about the order."),
+                                              reply("Thought: ok\n\nUser Response:\nWhere is my order?")])
+    user, _ = make_user("react", monkeypatch)
+    assert asyncio.run(user.start(None, TASK).reply("Hello")) == "Where is my order?"
+    assert "User Response:" in sent(route, 1)["messages"][-1]["content"]
+
+
+@respx.mock
+def test_react_reply_without_any_label_is_the_message_and_one_that_never_answers_errors(monkeypatch):
+    respx.post(URL).mock(return_value=reply("I want to cancel my order."))
+    user, _ = make_user("react", monkeypatch)
+    assert asyncio.run(user.start(None, TASK).reply("Hello")) == "I want to cancel my order."
+    respx.post(URL).mock(return_value=reply("Thought: hmm"))
+    with pytest.raises(UserSimulatorError, match="no usable reply after 3 tries"):
+        asyncio.run(user.start(None, TASK).reply("Hello"))

@@ -153,18 +153,20 @@ def _megabyte(unit: str) -> str:
 
 
 def _timed_parse(text: str) -> tuple[ParseResult, float]:
+    """The parse and the CPU seconds it took (process time: other processes on a loaded machine do not count;
+    quadratic parsing takes tens of seconds on these inputs, linear well under one)."""
     import time
 
-    start = time.perf_counter()
+    start = time.process_time()
     result = parse_model_output(text)
-    return result, time.perf_counter() - start
+    return result, time.process_time() - start
 
 
 def test_adversarial_megabytes_parse_in_under_a_second():
     for unit in ADVERSARIAL_UNITS:
         result, seconds = _timed_parse(_megabyte(unit))
         assert isinstance(result, ParseResult)
-        assert seconds < 1.0, (unit, seconds)
+        assert seconds < 2.0, (unit, seconds)
 
 
 @settings(max_examples=15, deadline=None)
@@ -174,14 +176,14 @@ def test_adversarial_megabytes_parse_in_under_a_second():
 def test_random_megabyte_mixes_parse_in_under_a_second(unit):
     result, seconds = _timed_parse(_megabyte(unit))
     assert isinstance(result, ParseResult)
-    assert seconds < 1.0, (unit, seconds)
+    assert seconds < 2.0, (unit, seconds)
 
 
 def test_a_call_after_a_megabyte_of_garbage_is_still_found():
     garbage = _megabyte("{a: ")
     result, seconds = _timed_parse(garbage + '\n{"name": "f", "arguments": {"x": 1}}')
     assert [(c.name, c.arguments) for c in result.tool_calls] == [("f", {"x": 1})] and not result.recovered
-    assert seconds < 1.0
+    assert seconds < 2.0
     result, seconds = _timed_parse(_megabyte("hello {x} ") + '\n{"name": "f", "arguments": {"x": "cut')
     assert [(c.name, c.arguments) for c in result.tool_calls] == [("f", {"x": "cut"})] and result.recovered
-    assert seconds < 1.0
+    assert seconds < 2.0

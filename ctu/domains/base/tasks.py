@@ -130,6 +130,16 @@ class Domain:
     user_tools: tuple[Tool, ...] = ()
     functions: Mapping[str, Mapping[str, Callable[..., Any]]] = field(default_factory=dict)
     sync: Callable[[DBView], None] | None = None
+    closing: Callable[[Task], str] | None = None  # the agent's last message in a gold demonstration
+
+    def closing_line(self, task: Task) -> str:
+        """What a gold demonstration says to the user after the gold actions: the domain's own line, else a
+        statement (no question, so a scripted user ends the call) carrying every fact to communicate."""
+        if self.closing is not None:
+            return self.closing(task)
+        if task.communicate_info:
+            return f"Your request is complete. For your reference: {'; '.join(task.communicate_info)}."
+        return "Your request is complete."
 
     def tool(self, name: str) -> Tool | None:
         return self._by_name().get(name)

@@ -125,6 +125,13 @@ def _make_task(rng: random.Random, n: int, kind: str, order: dict) -> Task:
                 reward_basis=basis, description={"purpose": purpose, "kind": kind, "refusal": refused})
 
 
+def _closing(task: Task) -> str:
+    """mini's last gold message: the order status for status requests and refusals, else a confirmation."""
+    if task.communicate_info:
+        return f"The order status is {', '.join(task.communicate_info)}."
+    return "Done, your request is complete."
+
+
 def load(data_dir: str | None = None, seed: int = 0, n_tasks: int = 300, test_fraction: float = 0.2) -> Domain:
     """The mini domain for ``seed`` (``data_dir`` is unused: everything is generated)."""
     rng = random.Random(seed)
@@ -146,4 +153,4 @@ def load(data_dir: str | None = None, seed: int = 0, n_tasks: int = 300, test_fr
     n_test = int(len(ids) * test_fraction)
     splits = {"train": tuple(sorted(ids[n_test:])), "test": tuple(sorted(ids[:n_test]))}
     return Domain(name="mini", policy=POLICY, tools=TOOLS, db=db, tasks=tuple(tasks), splits=splits,
-                  transfer_tool=None, agent_instruction=AGENT_INSTRUCTION)
+                  transfer_tool=None, agent_instruction=AGENT_INSTRUCTION, closing=_closing)
