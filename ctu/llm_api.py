@@ -108,8 +108,9 @@ class ChatClient:
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "<redacted>") if self._key and self._key != "EMPTY" else text
 
-    async def complete(self, messages: Sequence[dict[str, str]], *, temperature: float = 0.0,
-                       max_tokens: int = 512, seed: int | None = None) -> str:
+    async def complete(self, messages: Sequence[dict[str, Any]], *, temperature: float = 0.0,
+                       max_tokens: int = 512, seed: int | None = None, tools: list[dict] | None = None) -> Any:
+        """The reply text; with ``tools``, a reply that calls tools is returned as the message object instead."""
         attempts = self.config.max_retries + 1
         last = "no attempt made"
         for attempt in range(1, attempts + 1):
@@ -118,7 +119,10 @@ class ChatClient:
                 client = await self._client()
                 response = await client.chat.completions.create(
                     model=self.config.model, messages=list(messages), temperature=temperature,
-                    max_tokens=max_tokens, **({"seed": seed} if seed is not None else {}))
+                    max_tokens=max_tokens, **({"seed": seed} if seed is not None else {}),
+                    **({"tools": tools} if tools else {}))
+                if tools and response.choices and response.choices[0].message.tool_calls:
+                    return response.choices[0].message
                 text = (response.choices[0].message.content or "") if response.choices else ""
                 if text.strip():
                     return text

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ctu.domains.base import DBView, Domain, Task, run_tool
+from ctu.domains.base import DBView, Domain, Task
 
 NORMAL_ENDINGS = ("user_stop", "agent_stop")
 COMPONENTS = ("DB", "ENV_ASSERTION", "ACTION", "COMMUNICATE", "NL_ASSERTION")
@@ -60,43 +60,52 @@ class Reward:
 
 @dataclass(frozen=True)
 class CalledTool:
-    """A tool call taken from a transcript (arguments as the model gave them)."""
+    """A tool call taken from a transcript (arguments as the model gave them); ``requestor``: who called it."""
 
     name: str
     arguments: Any
+    requestor: str = "assistant"
 
 
 def gold_db(domain: Domain, task: Task) -> DBView:
-    """The DB after replaying the task's gold actions on a fresh copy (cached per task)."""
+    """The DB after replaying the task's gold actions (each on its side) on the task's initial state (cached).
+
+    As tau2's gold environment: the actions run without the sync that live tool calls get.
+    """
     cache = domain.__dict__.setdefault("_gold_dbs", {})
     view = cache.get(task.id)
     if view is None:
-        view = domain.new_db()
+        view = domain.initial_db(task)
         for action in task.actions:
-            run_tool(domain.tool(action.name), view, dict(action.arguments), action.name)
+            domain.call(action.requestor, action.name, dict(action.arguments), view, sync=False)
         cache[task.id] = view
     return view
 
 
-def replay(domain: Domain, calls: Iterable[CalledTool]) -> DBView:
-    """A fresh DB with the state-changing calls of a transcript re-executed in order.
+def replay(domain: Domain, calls: Iterable[CalledTool], task: Task | None = None) -> DBView:
+    """The task's initial DB with the calls of a transcript re-executed in order, each on its side.
 
-    As in tau2's replay, read-only tools and unknown tool names are skipped; recorded
-    outputs are ignored.
+    As in tau2's replay, unknown tool names fail without effect and recorded outputs are ignored;
+    read-only tools are skipped unless the domain couples the two sides (their success syncs them).
     """
-    view = domain.new_db()
+    view = domain.initial_db(task) if task is not None else domain.new_db()
     for call in calls:
-        tool = domain.tool(call.name)
-        if tool is not None and tool.mutates:
-            run_tool(tool, view, call.arguments, call.name)
+        tool = domain.tool(call.name) if call.requestor == "assistant" else domain.user_tool(call.name)
+        if tool is not None and (tool.mutates or domain.sync is not None):
+            domain.call(call.requestor, call.name, call.arguments, view)
     return view
 
 
 def assistant_tool_calls(messages: Sequence[Mapping[str, Any]]) -> list[CalledTool]:
     """Tool calls of the assistant messages, in order; JSON-string arguments decoded."""
+    return [c for c in tool_calls(messages) if c.requestor == "assistant"]
+
+
+def tool_calls(messages: Sequence[Mapping[str, Any]]) -> list[CalledTool]:
+    """Tool calls of the assistant's and the user's messages (dual control), in order; arguments decoded."""
     calls = []
     for msg in messages:
-        if msg.get("role") != "assistant":
+        if msg.get("role") not in ("assistant", "user"):
             continue
         for tc in msg.get("tool_calls") or []:
             fn = tc.get("function", tc)
@@ -106,7 +115,7 @@ def assistant_tool_calls(messages: Sequence[Mapping[str, Any]]) -> list[CalledTo
                     args = json.loads(args) if args.strip() else {}
                 except json.JSONDecodeError:
                     pass  # stays a string: the replay reports it as invalid arguments
-            calls.append(CalledTool(name=str(fn.get("name", "")), arguments=args))
+            calls.append(CalledTool(name=str(fn.get("name", "")), arguments=args, requestor=msg["role"]))
     return calls
 
 
@@ -124,13 +133,24 @@ def _db_component(domain: Domain, task: Task, final_db: DBView) -> tuple[float, 
 def _env_assertion_component(domain: Domain, task: Task, final_db: DBView) -> tuple[float, list[str]]:
     reasons = []
     for assertion in task.env_assertions:
-        fn = domain.assertions.get(assertion.func_name)
+        fn = domain.function(assertion.env_type, assertion.func_name)
         if fn is None:
-            reasons.append(f"ENV_ASSERTION: unknown assertion function '{assertion.func_name}'")
+            reasons.append(f"ENV_ASSERTION: unknown {assertion.env_type} assertion function '{assertion.func_name}'")
             continue
-        if bool(fn(final_db, **assertion.arguments)) != assertion.assert_value:
-            reasons.append(f"ENV_ASSERTION: {assertion.message or assertion.func_name} failed")
+        what = f"{assertion.env_type} {assertion.func_name}({_args_text(assertion.arguments)})"
+        what += f" ({assertion.message})" if assertion.message else ""
+        try:
+            met = fn(final_db, **assertion.arguments) == assertion.assert_value
+        except Exception as exc:  # tau2's assertion functions raise on a missing record: not met
+            reasons.append(f"ENV_ASSERTION: {what} raised: {exc}")
+            continue
+        if not met:
+            reasons.append(f"ENV_ASSERTION: {what} failed")
     return (0.0 if reasons else 1.0), reasons
+
+
+def _args_text(arguments: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in arguments.items())
 
 
 def _action_component(task: Task, calls: Sequence[CalledTool]) -> tuple[float, list[str]]:
@@ -175,7 +195,7 @@ def compute_reward(
         reward = 1.0 if termination in NORMAL_ENDINGS else 0.0
         return Reward(reward, {}, termination=termination)
     basis = task.reward_basis
-    calls = assistant_tool_calls(messages)
+    calls = tool_calls(messages)  # tau2 matches gold actions against the user's tool calls too
     components: dict[str, float] = {}
     reasons: list[str] = []
     skipped: list[str] = []
@@ -218,6 +238,6 @@ def score_transcript(
     termination: str | None,
     verdicts: Verdicts | None = None,
 ) -> Reward:
-    """Score a recorded transcript: its tool calls are re-executed on a fresh DB."""
-    final_db = replay(domain, assistant_tool_calls(messages))
+    """Score a recorded transcript: its tool calls (agent's and user's) are re-executed on the task's initial DB."""
+    final_db = replay(domain, tool_calls(messages), task)
     return compute_reward(domain, task, messages, final_db, termination, verdicts)

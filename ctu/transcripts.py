@@ -4,6 +4,10 @@
 ``gold_transcript`` builds the conversation an ideal agent would have for a task
 (its gold tool calls with their results, then a message with every fact to
 communicate, then the user's stop) — what ``ctu env check`` scores.
+
+Dual control (telecom): the user's own tool calls are ``user`` messages with ``tool_calls``
+(OpenAI shape), answered by ``tool`` messages (optionally ``"requestor": "user"``), as tau2
+records a simulation; the gold transcript has the user perform the task's user-side actions.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ctu.domains.base import Domain, Task, run_tool
+from ctu.domains.base import Domain, Task
 from ctu.users.base import AGENT_GREETING, STOP, is_stop
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -44,8 +48,8 @@ def _check_message(i: int, msg: Any) -> None:
     calls = msg.get("tool_calls")
     if calls is None:
         return
-    if role != "assistant":
-        raise TranscriptError(f"{where}.tool_calls is only allowed on assistant messages")
+    if role not in ("assistant", "user"):
+        raise TranscriptError(f"{where}.tool_calls is only allowed on assistant and user messages")
     if not isinstance(calls, list):
         raise TranscriptError(f"{where}.tool_calls must be a list")
     for j, call in enumerate(calls):
@@ -102,16 +106,18 @@ def ending(messages: Sequence[Mapping[str, Any]], termination: str | None) -> st
 
 def gold_transcript(domain: Domain, task: Task) -> list[dict[str, Any]]:
     """An ideal conversation for ``task``: gold calls with real results, facts, user stop."""
-    db = domain.new_db()
+    db = domain.initial_db(task)
     messages: list[dict[str, Any]] = [{"role": "assistant", "content": AGENT_GREETING},
                                       {"role": "user", "content": "I need help."}]
     for n, action in enumerate(task.actions):
         call_id = f"gold_{n}"
-        result = run_tool(domain.tool(action.name), db, dict(action.arguments), action.name)
-        messages.append({"role": "assistant", "content": "", "tool_calls": [
+        result = domain.call(action.requestor, action.name, dict(action.arguments), db)
+        by_user = action.requestor == "user"
+        messages.append({"role": "user" if by_user else "assistant", "content": "", "tool_calls": [
             {"id": call_id, "type": "function",
              "function": {"name": action.name, "arguments": json.dumps(action.arguments)}}]})
-        messages.append({"role": "tool", "tool_call_id": call_id, "content": result.content})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": result.content,
+                         **({"requestor": "user"} if by_user else {})})
     facts = "; ".join(task.communicate_info)
     messages.append({"role": "assistant", "content": f"Done. {facts}".strip()})
     messages.append({"role": "user", "content": f"Thanks! {STOP}"})

@@ -47,15 +47,30 @@ def untrained_prefix(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def gold_conversation(domain: Domain, task: Task) -> Conversation:
     """The task's gold actions, one tool call per turn, then the domain's closing line (unless a transfer ended
     the call), played against the scripted user: what the supervised warm start trains on."""
-    episode = Episode(domain, task, ScriptedUser().start(domain, task), max_turns=len(task.actions) + 2)
+    user = ScriptedUser(patience=len(task.actions) + 8)  # one reply per user-side action, and the opening
+    episode = Episode(domain, task, user.start(domain, task), max_turns=len(task.actions) + 2)
     asyncio.run(episode.reset())
-    turns = [AgentTurn(tool_calls=(ToolCall(a.name, dict(a.arguments)),)) for a in task.actions]
-    for turn in [*turns, AgentTurn(content=domain.closing_line(task))]:
+    for turn in [*gold_turns(task), AgentTurn(content=domain.closing_line(task))]:
         asyncio.run(episode.step(turn))
         if episode.done:
             break
     return Conversation(untrained_prefix(episode.messages), domain.openai_tools(), domain.name, task.id,
                         episode.termination)
+
+
+def gold_turns(task: Task) -> list[AgentTurn]:
+    """The agent's gold turns: its own gold calls, and a request for each of the user's (dual control)."""
+    turns: list[AgentTurn] = []
+    for action in task.actions:
+        if action.requestor != "user":
+            turns.append(AgentTurn(tool_calls=(ToolCall(action.name, dict(action.arguments)),)))
+        elif not turns or turns[-1].content != _ask(action.name):  # one request covers repeated calls
+            turns.append(AgentTurn(content=_ask(action.name)))
+    return turns
+
+
+def _ask(tool_name: str) -> str:
+    return f"Please use {tool_name} on your phone and tell me what it shows."
 
 
 def gold_conversations(domain: Domain, tasks: list[Task]) -> list[Conversation]:

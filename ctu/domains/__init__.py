@@ -1,4 +1,4 @@
-"""Domains: retail and airline (tau2-bench semantics over tau2's data files), and mini.
+"""Domains: retail, airline and telecom (tau2-bench semantics over tau2's data files), and mini.
 
 Your own domain: name it ``package.module:function`` in ``env.domains``; ``function(data_dir)`` returns a
 :class:`~ctu.domains.base.Domain`.
@@ -11,7 +11,7 @@ import importlib
 
 from ctu.domains.base import Domain
 
-DOMAINS = ("mini", "retail", "airline")
+DOMAINS = ("mini", "retail", "airline", "telecom")
 
 
 @functools.cache

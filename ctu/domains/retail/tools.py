@@ -1,20 +1,11 @@
-"""The retail domain: ctu's implementation of tau2-bench's retail tools over tau2's data files.
-
-Semantics follow tau2-bench's ``domains/retail/tools.py`` exactly, quirks included:
-``modify_pending_order_items`` prices every modified item at the *last* new variant's
-price and options; refunds credit gift cards immediately (rounded to cents) and are
-applied payment by payment, so a missing payment method fails part-way with earlier
-credits kept; ``exchange_delivered_order_items`` rounds the price difference while
-``modify_pending_order_items`` does not. Records are the JSON tau2's pydantic models dump.
-"""
+"""The retail domain's agent tools (tau2-bench's ``domains/retail/tools.py`` semantics, see the package docstring)."""
 
 from __future__ import annotations
 
 import json
 from typing import Annotated, Literal
 
-from ctu.domains.base import DBView, Domain, ToolError, tool
-from ctu.domains.tau2_data import read_domain_files
+from ctu.domains.base import DBView, ToolError, tool
 
 OrderId = Annotated[str, "The order id, such as '#W0000000'. Be careful there is a '#' symbol at the beginning of the order id."]
 UserId = Annotated[str, "The user id, such as 'sara_doe_496'."]
@@ -339,17 +330,3 @@ TOOLS = (calculate, cancel_pending_order, exchange_delivered_order_items, find_u
          find_user_id_by_email, get_order_details, get_product_details, get_item_details, get_user_details,
          list_all_product_types, modify_pending_order_address, modify_pending_order_items,
          modify_pending_order_payment, modify_user_address, return_delivered_order_items, transfer_to_human_agents)
-
-
-def _as_dumped(db: dict) -> dict:
-    """Give every order the optional fields tau2's Order model dumps (None when unset)."""
-    for order in db.get("orders", {}).values():
-        for name in ORDER_OPTIONAL_FIELDS:
-            order.setdefault(name, None)
-    return db
-
-
-def load(data_dir: str | None = None) -> Domain:
-    files = read_domain_files("retail", data_dir)
-    return Domain(name="retail", policy=files["policy"], tools=TOOLS, db=_as_dumped(files["db"]),
-                  tasks=files["tasks"], splits=files["splits"], transfer_tool="transfer_to_human_agents")
