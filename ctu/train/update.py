@@ -173,14 +173,21 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     if reduce is not None:
         norm_length = int(reduce([float(norm_length)], "max")[0])
         stats["trained_tokens"] = reduce([stats["trained_tokens"]], "sum")[0]
-    # The policy before this update (and the reference), scored once per episode in eval mode.
-    old: list[torch.Tensor] = [torch.empty(0)] * len(samples)
-    ref: list[torch.Tensor] | None = None
+    rng = random.Random(seed)
+    parts = cfg.mini_batches if reduce is None else int(reduce([float(min(cfg.mini_batches, len(samples)))], "min")[0])
+    # The policy before this update (and the reference), scored once per episode in eval mode. One optimizer
+    # step over every episode, without dropout and without a reference, needs no scoring pass: the old policy
+    # is the one the gradient pass runs, so its logprobs (detached) are the old ones.
     use_kl = cfg.kl_coef > 0 and not cfg.kl_in_reward
+    old: list[torch.Tensor] | None = None
+    if use_kl or not on_policy(model, cfg, parts):
+        old = [torch.empty(0)] * len(samples)
+    ref: list[torch.Tensor] | None = None
     if use_kl:
         ref = [torch.empty(0)] * len(samples)
     mismatch_sum = 0.0
-    for idx, dummy in _same_count(micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens), reduce):
+    scoring = micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens) if old is not None else []
+    for idx, dummy in _same_count(scoring, reduce):
         b = collate([samples[i] for i in idx], device)
         lp = score_logprobs(model, b, temperature)
         if filler:
@@ -199,19 +206,15 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
             old[i] = lp[row, :n].cpu()
             if ref is not None:
                 ref[i] = rlp[row, :n].cpu()
-    if reduce is not None:
-        mismatch_sum = reduce([mismatch_sum], "sum")[0]
-    stats["sampler_trainer_logprob_diff"] = mismatch_sum / max(1.0, stats["trained_tokens"])
-    rng = random.Random(seed)
-    parts = cfg.mini_batches if reduce is None else int(reduce([float(min(cfg.mini_batches, len(samples)))], "min")[0])
     steps = 0
-    sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm"), 0.0)
+    sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "mismatch"), 0.0)
     was_training = model.training
     model.train()
     try:
         for _ in range(cfg.ppo_epochs):
             for episodes in split_episodes(len(samples), parts, rng):
-                _optimizer_step(policy, optimizer, [samples[i] for i in episodes], [old[i] for i in episodes],
+                _optimizer_step(policy, optimizer, [samples[i] for i in episodes],
+                                [old[i] for i in episodes] if old is not None else None,
                                 [ref[i] for i in episodes] if ref is not None else None,
                                 [masks[i] for i in episodes], norm_length, cfg, temperature, sums, reduce, filler)
                 scheduler.step()
@@ -219,17 +222,30 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     finally:
         model.train(was_training)
     stats["updates"] = float(steps)
+    if old is None:  # measured in the gradient pass instead (already summed over ranks)
+        mismatch_sum = sums["mismatch"]
+    elif reduce is not None:
+        mismatch_sum = reduce([mismatch_sum], "sum")[0]
+    del sums["mismatch"]
+    stats["sampler_trainer_logprob_diff"] = mismatch_sum / max(1.0, stats["trained_tokens"])
     for key, value in sums.items():
         stats[key] = value / steps
     return stats
 
 
-def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[torch.Tensor],
+def on_policy(model: torch.nn.Module, cfg: TrainerConfig, parts: int) -> bool:
+    """Whether the gradient pass's own logprobs are the old policy's: one epoch, one optimizer step, no dropout."""
+    if cfg.ppo_epochs != 1 or parts != 1:
+        return False
+    return not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+
+
+def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[torch.Tensor] | None,
                     ref: list[torch.Tensor] | None, masks: list[torch.Tensor], norm_length: int,
                     cfg: TrainerConfig, temperature: float, sums: dict[str, float], reduce: Reduce | None = None,
                     filler: bool = False) -> None:
     """One optimizer step over these episodes; adds this step's stats to ``sums`` (``filler``: this rank only
-    joins the collectives, with zero weight)."""
+    joins the collectives, with zero weight; ``old`` None: on policy, the old logprobs are this pass's)."""
     device = policy.device
     weights = aggregation_weights(masks, cfg.loss_aggregation, norm_length)
     tokens = float(sum(x.sum() for x in masks))
@@ -241,15 +257,20 @@ def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[
         tokens = total[0]
     token_share = [m / max(1.0, tokens) for m in masks]  # token means (stats, entropy)
     optimizer.zero_grad(set_to_none=True)
-    step = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction"), 0.0)
+    step = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "mismatch"), 0.0)
     for idx, dummy in _same_count(micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens), reduce):
         zero = [0.0 * weights[i] for i in idx] if dummy or filler else None  # a repeated micro-batch: forwards, adds nothing
         b = collate([samples[i] for i in idx], device, zero or [weights[i] for i in idx])
         share = collate([samples[i] for i in idx], device, zero or [token_share[i] for i in idx])["weight"]
         width = b["mask"].shape[1]
-        old_b = _pad([old[i] for i in idx], width, device)
         logp, entropy = token_logprobs(policy.model, b["ids"], b["attn"], temperature, with_entropy=True,
                                        needed=b["mask"], entropy_grad=cfg.entropy_coef > 0)
+        if old is None:
+            old_b = logp.detach()
+            if not (dummy or filler):
+                step["mismatch"] += float(((old_b - b["sampler"]).abs() * b["mask"]).sum())
+        else:
+            old_b = _pad([old[i] for i in idx], width, device)
         tis = truncated_importance_weights(old_b, b["sampler"], cfg.tis_cap) if cfg.tis_cap else None
         per_token, clipped = ppo_clip_per_token(logp, old_b, b["adv"], clip_low=cfg.clip_low,
                                                 clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, token_weights=tis)

@@ -125,3 +125,31 @@ def test_the_entropy_bonus_changes_the_gradient():
     _, with_bonus, _, _ = run_update(["trainer.entropy_coef=0.5"], batch)
     assert max(float(d.abs().max()) for d in without.values()) == 0  # zero advantages: no policy gradient
     assert max(float(d.abs().max()) for d in with_bonus.values()) > 0
+
+
+def test_an_on_policy_update_skips_the_scoring_pass_and_moves_the_weights_the_same(monkeypatch):
+    """One epoch and one optimizer step without dropout: the gradient pass's own (detached) logprobs are the old
+    policy's, so the separate eval-mode scoring forward is skipped, with the same update and stats."""
+    import ctu.train.update as update
+
+    batch = samples()
+    common = ["trainer.entropy_coef=0.01", "trainer.micro_batch_tokens=40"]
+    calls = []
+    real = update.score_logprobs
+    monkeypatch.setattr(update, "score_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fast, d_fast, _, _ = run_update(common, batch)
+    assert calls == []  # no scoring forward at all
+    monkeypatch.setattr(update, "on_policy", lambda *a: False)
+    scored, d_scored, _, _ = run_update(common, batch)
+    assert calls  # the old path scores every micro-batch
+    for key in ("loss", "pg_loss", "entropy", "grad_norm", "trained_tokens", "sampler_trainer_logprob_diff"):
+        assert_rel_close(fast[key], scored[key])
+    assert fast["clip_fraction"] == 0.0
+    scale = max(float(d.abs().max()) for d in d_fast.values())
+    for name in d_fast:
+        torch.testing.assert_close(d_fast[name], d_scored[name], rtol=1e-4, atol=1e-5 * scale)
+    calls.clear()
+    monkeypatch.undo()
+    monkeypatch.setattr(update, "score_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run_update([*common, "trainer.mini_batches=2"], batch)  # the second optimizer step is off policy
+    assert calls

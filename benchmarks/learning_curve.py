@@ -1,0 +1,186 @@
+"""Is RL better than more SFT? From one supervised warm start, equal training wall time spent on each arm,
+held-out success on every test task at fixed intervals, for several seeds; a PNG and a JSON of the numbers.
+
+Arms (any number, each ``name`` or ``name:key=value,key=value``; the overrides apply to that arm only):
+  sft   more supervised steps on the gold demonstrations (the warm start's optimizer settings, a fresh AdamW);
+  grpo  GRPO steps (``ctu train``'s ``train_step``: rollouts, advantages, update, weight sync).
+Every arm of a seed starts from the same warm-started weights (the warm start runs once per seed and is kept in
+memory, or on disk with ``--cache``); the clock counts training only (rollouts, updates, syncs), not evaluation,
+and an evaluation (greedy, ``eval.*``, all of ``trainer.eval_max_tasks``) runs whenever ``--eval-every`` seconds of
+training have passed and at the end.
+
+    python benchmarks/learning_curve.py [configs/quickstart.yaml] [--seeds 0 1 2] [--minutes 10]
+        [--eval-every 150] [--arms sft grpo] [--out runs/learning_curve] [--cache DIR] [key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ctu.config import load_config
+from ctu.distributed.group import sft_batches
+from ctu.evaluate import episode_specs, progress_bar, write_report
+from ctu.train.demos import warm_start_samples
+from ctu.train.trainer import Trainer
+from ctu.train.update import release_memory
+
+
+def parse_arm(text: str) -> tuple[str, str, list[str]]:
+    """``grpo:trainer.lr=3e-4,sampling.temperature=1.1`` -> (label, kind, overrides)."""
+    label, _, rest = text.partition(":")
+    kind = label.split("@")[0]
+    if kind not in ("sft", "grpo"):
+        raise SystemExit(f"--arms: unknown arm kind '{kind}' in '{text}' (sft or grpo)")
+    return label, kind, [o for o in rest.split(",") if o]
+
+
+def success(trainer: Trainer, tag: str) -> float:
+    """Greedy success on the held-out tasks (the trainer's own evaluation settings); the episodes and report go to
+    ``run.dir/eval/<tag>``."""
+    cfg = trainer.config
+    specs = episode_specs(trainer.domains, cfg.eval.splits, cfg.eval.samples_per_task, cfg.trainer.eval_max_tasks)
+    with progress_bar(len(specs), "eval") as on_done:
+        done = trainer._rollout(specs, cfg.eval.temperature, seed=10_000, on_done=on_done)
+    release_memory()
+    write_report(Path(cfg.run.dir) / "eval" / tag, done)
+    scored = [t for t in done if t.stop_reason != "error"]
+    return sum(float(t.success) for t in scored) / max(1, len(scored))
+
+
+def snapshot(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.policy.model.state_dict().items()}
+
+
+def run_arm(trainer: Trainer, label: str, kind: str, seconds: float, eval_every: float, demos, seed: int) -> list[dict]:
+    """Train for ``seconds`` of wall time; (train seconds, steps, success) at 0, every ``eval_every`` and the end."""
+    points = []
+    clock, steps, next_eval = 0.0, 0, eval_every
+    t = trainer.config.trainer
+    sft_optimizer = torch.optim.AdamW(trainer.policy.trainable_parameters(), lr=t.sft_lr, weight_decay=0.0)
+    batches = iter(sft_batches(demos, 100_000, t.sft_batch_size, seed + 1) if kind == "sft" else [])
+    while clock < seconds:
+        started = time.perf_counter()
+        if kind == "grpo":
+            trainer.step += 1
+            metrics = trainer.train_step()["metrics"]
+            r, tm = metrics["rollout"], metrics["timing"]
+            note = (f"reward {r['reward']:.3f}, {r['episodes']} episodes ({r['dynamic_extra_draws']} extra draws), "
+                    f"rollout {tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, "
+                    f"entropy {metrics['train']['entropy']:.3f}")
+        else:
+            from ctu.train.update import sft_update
+
+            loss = sft_update(trainer.policy, sft_optimizer, [demos[i] for i in next(batches)], t.micro_batch_tokens)
+            release_memory()
+            note = f"loss {loss:.3f}"
+        clock += time.perf_counter() - started
+        steps += 1
+        print(f"  {kind} step {steps}: {clock:.0f}s, {note}", flush=True)
+        if clock >= next_eval or clock >= seconds:
+            points.append({"seconds": clock, "steps": steps, "success": success(trainer, f"{label}_{steps}")})
+            print(f"  {kind} @ {clock:.0f}s ({steps} steps): success {points[-1]['success']:.3f}", flush=True)
+            next_eval += eval_every
+    return points
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", nargs="?", default="configs/quickstart.yaml")
+    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--eval-every", type=float, default=150.0, help="seconds of training between evaluations")
+    ap.add_argument("--arms", nargs="+", default=["sft", "grpo"])
+    ap.add_argument("--out", default="runs/learning_curve")
+    ap.add_argument("--cache", default=None, help="keep each seed's warm start here and reuse it")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    arms = [parse_arm(a) for a in args.arms]
+    warm: dict[int, tuple[dict, dict]] = {}  # seed -> (warm-started weights, its time and success)
+    for seed in args.seeds:
+        base = [f"run.seed={seed}", f"run.dir={out / f'seed_{seed}'}", "run.overwrite=true", "trainer.eval_before_train=false",
+                "trainer.eval_interval=0"]
+        for label, kind, overrides in arms:
+            key = f"{label}/seed_{seed}"
+            if key in results:
+                print(f"{key}: done before ({results_path})")
+                continue
+            config = load_config(args.config, [*args.overrides, *base, *overrides])
+            trainer = Trainer(config)
+            cache = Path(args.cache) / f"warm_start_seed{seed}.pt" if args.cache else None
+            if seed not in warm and cache is not None and cache.exists():
+                warm[seed] = torch.load(cache), json.loads(cache.with_suffix(".json").read_text())
+            if seed in warm:
+                state, start = warm[seed]
+                trainer.policy.model.load_state_dict(state["model"])
+                trainer.policy._rebased.update(state["rebased"])
+            else:
+                began = time.perf_counter()
+                trainer.warm_start()
+                start = {"warm_start_s": time.perf_counter() - began, "success": success(trainer, "warm_start")}
+                state = {"model": snapshot(trainer), "rebased": dict(trainer.policy._rebased)}
+                if cache is not None:
+                    cache.parent.mkdir(parents=True, exist_ok=True)
+                    torch.save(state, cache)
+                    cache.with_suffix(".json").write_text(json.dumps(start))
+                warm[seed] = state, start
+            print(f"seed {seed}: warm start success {start['success']:.3f}", flush=True)
+            trainer.sync.base_changed = True
+            trainer.sync_weights()
+            demos = warm_start_samples(trainer.chat, trainer.domains, config.trainer.sft_data)
+            points = run_arm(trainer, label, kind, args.minutes * 60, args.eval_every, demos, seed)
+            results[key] = {"arm": label, "kind": kind, "seed": seed, "overrides": overrides,
+                            "points": [{"seconds": 0.0, "steps": 0, "success": start["success"]}, *points]}
+            results_path.write_text(json.dumps(results, indent=1))
+            trainer.pool.close()
+            trainer.group.close()
+            del trainer
+            release_memory()
+    draw(results, out / "learning_curve.png")
+    table(results)
+
+
+def table(results: dict) -> None:
+    by_arm: dict[str, list] = {}
+    for r in results.values():
+        by_arm.setdefault(r["arm"], []).append(r)
+    for arm, runs in by_arm.items():
+        ends = [r["points"][-1]["success"] - r["points"][0]["success"] for r in runs]
+        cells = ", ".join(f"seed {r['seed']}: " + " ".join(f"{p['success']:.3f}@{p['seconds']:.0f}s" for p in r["points"])
+                          for r in runs)
+        print(f"{arm}: mean gain {sum(ends) / len(ends):+.3f} ({cells})")
+
+
+def draw(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = {}
+    for r in results.values():
+        color = colors.setdefault(r["arm"], f"C{len(colors)}")
+        xs = [p["seconds"] / 60 for p in r["points"]]
+        ax.plot(xs, [p["success"] for p in r["points"]], marker="o", color=color, alpha=0.8,
+                label=r["arm"] if r["seed"] == min(x["seed"] for x in results.values() if x["arm"] == r["arm"]) else None)
+    ax.set_xlabel("training wall time after the warm start (min, evaluation excluded)")
+    ax.set_ylabel("held-out success (greedy)")
+    ax.set_title("more SFT vs GRPO from the same warm start (one line per seed)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
