@@ -10,7 +10,8 @@ and an evaluation (greedy, ``eval.*``, all of ``trainer.eval_max_tasks``) runs w
 training have passed and at the end.
 
     python benchmarks/learning_curve.py [configs/quickstart.yaml] [--seeds 0 1 2] [--minutes 10]
-        [--eval-every 150] [--arms sft grpo] [--out runs/learning_curve] [--cache DIR] [key=value ...]
+        [--eval-every 150] [--arms sft grpo] [--steps sft=16 grpo=4 [--evals 2]] [--out runs/learning_curve]
+        [--cache DIR] [key=value ...]
 """
 
 from __future__ import annotations
@@ -56,14 +57,17 @@ def snapshot(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.policy.model.state_dict().items()}
 
 
-def run_arm(trainer: Trainer, label: str, kind: str, seconds: float, eval_every: float, demos, seed: int) -> list[dict]:
-    """Train for ``seconds`` of wall time; (train seconds, steps, success) at 0, every ``eval_every`` and the end."""
+def run_arm(trainer: Trainer, label: str, kind: str, seconds: float, eval_every: float, demos, seed: int,
+            max_steps: int | None = None, evals: int = 2) -> list[dict]:
+    """Train for ``seconds`` of wall time (or ``max_steps`` steps, then ``evals`` evenly spaced evaluations);
+    (train seconds, steps, success) at every evaluation and at the end."""
     points = []
     clock, steps, next_eval = 0.0, 0, eval_every
+    eval_at = {round(max_steps * (k + 1) / evals) for k in range(evals)} if max_steps else set()
     t = trainer.config.trainer
     sft_optimizer = torch.optim.AdamW(trainer.policy.trainable_parameters(), lr=t.sft_lr, weight_decay=0.0)
     batches = iter(sft_batches(demos, 100_000, t.sft_batch_size, seed + 1) if kind == "sft" else [])
-    while clock < seconds:
+    while (steps < max_steps) if max_steps else (clock < seconds):
         started = time.perf_counter()
         if kind == "grpo":
             trainer.step += 1
@@ -81,7 +85,7 @@ def run_arm(trainer: Trainer, label: str, kind: str, seconds: float, eval_every:
         clock += time.perf_counter() - started
         steps += 1
         print(f"  {kind} step {steps}: {clock:.0f}s, {note}", flush=True)
-        if clock >= next_eval or clock >= seconds:
+        if (steps in eval_at) if max_steps else (clock >= next_eval or clock >= seconds):
             points.append({"seconds": clock, "steps": steps, "success": success(trainer, f"{label}_{steps}")})
             print(f"  {kind} @ {clock:.0f}s ({steps} steps): success {points[-1]['success']:.3f}", flush=True)
             next_eval += eval_every
@@ -96,6 +100,10 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--eval-every", type=float, default=150.0, help="seconds of training between evaluations")
     ap.add_argument("--arms", nargs="+", default=["sft", "grpo"])
+    ap.add_argument("--steps", nargs="*", default=[], metavar="KIND=N",
+                    help="step budgets instead of --minutes, e.g. sft=16 grpo=4 (the same training time on a quiet "
+                         "machine; the times are measured and printed)")
+    ap.add_argument("--evals", type=int, default=2, help="with --steps: evaluations per arm, evenly spaced")
     ap.add_argument("--out", default="runs/learning_curve")
     ap.add_argument("--cache", default=None, help="keep each seed's warm start here and reuse it")
     args = ap.parse_args()
@@ -136,7 +144,9 @@ def main() -> None:
             trainer.sync.base_changed = True
             trainer.sync_weights()
             demos = warm_start_samples(trainer.chat, trainer.domains, config.trainer.sft_data)
-            points = run_arm(trainer, label, kind, args.minutes * 60, args.eval_every, demos, seed)
+            budgets = {k: int(v) for k, v in (x.split("=") for x in args.steps)}
+            points = run_arm(trainer, label, kind, args.minutes * 60, args.eval_every, demos, seed,
+                             max_steps=budgets.get(kind), evals=args.evals)
             results[key] = {"arm": label, "kind": kind, "seed": seed, "overrides": overrides,
                             "points": [{"seconds": 0.0, "steps": 0, "success": start["success"]}, *points]}
             results_path.write_text(json.dumps(results, indent=1))

@@ -180,32 +180,28 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     # is the one the gradient pass runs, so its logprobs (detached) are the old ones.
     use_kl = cfg.kl_coef > 0 and not cfg.kl_in_reward
     old: list[torch.Tensor] | None = None
-    if use_kl or not on_policy(model, cfg, parts):
+    if not on_policy(model, cfg, parts):
         old = [torch.empty(0)] * len(samples)
     ref: list[torch.Tensor] | None = None
     if use_kl:
         ref = [torch.empty(0)] * len(samples)
     mismatch_sum = 0.0
-    scoring = micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens) if old is not None else []
+    scoring = micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens) if old is not None or ref is not None else []
     for idx, dummy in _same_count(scoring, reduce):
         b = collate([samples[i] for i in idx], device)
-        lp = score_logprobs(model, b, temperature)
-        if filler:
-            for i in idx:
-                old[i] = torch.zeros(len(samples[i].mask))
-                if ref is not None:
-                    ref[i] = torch.zeros(len(samples[i].mask))
+        lp = score_logprobs(model, b, temperature) if old is not None else None
+        rlp = None
         if ref is not None:
             with policy.as_reference() as reference:
                 rlp = score_logprobs(reference, b, temperature)
-        if dummy or filler:
-            continue
-        mismatch_sum += float(((lp - b["sampler"]).abs() * b["mask"]).sum())
         for row, i in enumerate(idx):
             n = len(samples[i].mask)
-            old[i] = lp[row, :n].cpu()
+            if old is not None:
+                old[i] = torch.zeros(n) if filler else lp[row, :n].cpu()
             if ref is not None:
-                ref[i] = rlp[row, :n].cpu()
+                ref[i] = torch.zeros(n) if filler else rlp[row, :n].cpu()
+        if lp is not None and not (dummy or filler):
+            mismatch_sum += float(((lp - b["sampler"]).abs() * b["mask"]).sum())
     steps = 0
     sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "mismatch"), 0.0)
     was_training = model.training

@@ -153,3 +153,26 @@ def test_an_on_policy_update_skips_the_scoring_pass_and_moves_the_weights_the_sa
     monkeypatch.setattr(update, "score_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
     run_update([*common, "trainer.mini_batches=2"], batch)  # the second optimizer step is off policy
     assert calls
+
+
+def test_with_a_kl_penalty_on_policy_scores_only_the_reference(monkeypatch):
+    """KL in the loss needs the reference's logprobs, not a second scoring of the policy: one scoring forward per
+    micro-batch (the reference's), and the same update as with the policy scored too."""
+    import ctu.train.update as update
+
+    batch = samples()
+    common = ["trainer.kl_coef=0.3", "trainer.micro_batch_tokens=40"]
+    calls = []
+    real = update.score_logprobs
+    monkeypatch.setattr(update, "score_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fast, d_fast, _, _ = run_update(common, batch)
+    n_fast = len(calls)
+    monkeypatch.setattr(update, "on_policy", lambda *a: False)
+    scored, d_scored, _, _ = run_update(common, batch)
+    assert n_fast and len(calls) - n_fast == 2 * n_fast  # policy + reference when off policy
+    for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
+        assert_rel_close(fast[key], scored[key])
+    assert fast["kl"] > 0
+    scale = max(float(d.abs().max()) for d in d_fast.values())
+    for name in d_fast:
+        torch.testing.assert_close(d_fast[name], d_scored[name], rtol=1e-4, atol=1e-5 * scale)
