@@ -186,8 +186,9 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     if use_kl:
         ref = [torch.empty(0)] * len(samples)
     mismatch_sum = 0.0
-    scoring = micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens) if old is not None or ref is not None else []
-    for idx, dummy in _same_count(scoring, reduce):
+    scores = old is not None or ref is not None  # the same on every rank (config and global counts only)
+    scoring = micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens) if scores else []
+    for idx, dummy in _same_count(scoring, reduce) if scores else []:
         b = collate([samples[i] for i in idx], device)
         lp = score_logprobs(model, b, temperature) if old is not None else None
         rlp = None
