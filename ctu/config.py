@@ -147,7 +147,7 @@ class TrainerConfig:
     mini_batches: int = 1  # optimizer updates per rollout batch (per epoch)
     ppo_epochs: int = 1
     micro_batch_tokens: int = 4096  # token budget of one forward/backward pass
-    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"  # reinforce_pp: batch baseline
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None

@@ -53,6 +53,19 @@ def rloo_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable]) -> 
     return adv.float()
 
 
+def batch_advantages(rewards: Sequence[float], *, eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++-style: reward minus the *batch* mean, divided by the batch std (one baseline for every episode).
+
+    Unlike a group baseline, a group whose samples all succeed still gets a positive advantage when the batch
+    does worse on average, so behaviour the policy already gets right is reinforced, not ignored (GRPO gives it
+    0). A batch of one, or of equal rewards, gets 0.
+    """
+    r = torch.as_tensor(list(rewards), dtype=torch.float64)
+    if len(r) < 2:
+        return torch.zeros(len(r))
+    return ((r - r.mean()) / (r.std(unbiased=True) + eps)).float()
+
+
 def informative_groups(rewards: Sequence[float], group_ids: Sequence[Hashable], tol: float = 1e-9) -> list[int]:
     """Dynamic sampling: indices of episodes whose group's rewards are not all equal (in order)."""
     keep = set()
@@ -67,7 +80,9 @@ ESTIMATORS = {
     "grpo": lambda r, g: grpo_advantages(r, g, normalize_std=True),
     "dr_grpo": lambda r, g: grpo_advantages(r, g, normalize_std=False),
     "rloo": rloo_advantages,
+    "reinforce_pp": lambda r, g: batch_advantages(r),
 }
+GROUP_FREE = {"reinforce_pp"}  # baselines that do not need a group of samples of the same task
 
 
 def compute_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[Hashable]) -> torch.Tensor:
@@ -82,7 +97,8 @@ def scored_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[H
     """Advantages of the episodes that can be trained on: {episode index: advantage}.
 
     Errored episodes are left out *before* the group statistics (they have no reward, not reward 0), and a
-    group with fewer than two scored episodes has no baseline, so it contributes nothing.
+    group with fewer than two scored episodes has no baseline, so it contributes nothing (except under a batch
+    baseline, which every scored episode shares).
     """
     if not len(rewards) == len(group_ids) == len(errored):
         raise ValueError(f"{len(rewards)} rewards, {len(group_ids)} group ids, {len(errored)} error flags")
@@ -90,7 +106,7 @@ def scored_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[H
     sizes: dict[Hashable, int] = defaultdict(int)
     for i in scored:
         sizes[group_ids[i]] += 1
-    usable = [i for i in scored if sizes[group_ids[i]] >= 2]
+    usable = scored if name in GROUP_FREE else [i for i in scored if sizes[group_ids[i]] >= 2]
     if not usable:
         return {}
     adv = compute_advantages(name, [rewards[i] for i in usable], [group_ids[i] for i in usable])

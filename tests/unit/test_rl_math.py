@@ -52,6 +52,25 @@ def test_std_normalised_grpo_is_scale_invariant_and_rloo_is_scaled_centring(data
             assert torch.allclose(rl[idx], dr[idx] * n / (n - 1), atol=1e-4)
 
 
+@given(grouped_rewards(), reward, st.floats(0.1, 10))
+def test_batch_baseline_centres_the_batch_and_reinforces_groups_that_always_succeed(data, shift, scale):
+    rewards, groups = data
+    adv = compute_advantages("reinforce_pp", rewards, groups)
+    assert abs(float(adv.sum())) <= 1e-4 * len(rewards)
+    assume(len(rewards) < 2 or torch.tensor(rewards, dtype=torch.float64).std() > 1e-2)
+    moved = compute_advantages("reinforce_pp", [scale * r + shift for r in rewards], groups)
+    assert torch.allclose(adv, moved, rtol=1e-3, atol=1e-3)
+
+
+def test_a_group_that_always_succeeds_gets_credit_under_the_batch_baseline_but_not_grpo():
+    rewards, groups = [1, 1, 1, 1, 0, 0, 1, 0], ["a"] * 4 + ["b"] * 4
+    assert compute_advantages("grpo", rewards, groups)[:4].abs().max() == 0
+    batch = compute_advantages("reinforce_pp", rewards, groups)
+    assert torch.all(batch[:4] > 0) and torch.all(batch[[4, 5, 7]] < 0)
+    mean, std = 5 / 8, torch.tensor(rewards, dtype=torch.float64).std().item()
+    assert math.isclose(batch[0].item(), (1 - mean) / std, rel_tol=1e-5)
+
+
 def test_dynamic_sampling_drops_groups_with_equal_rewards():
     assert informative_groups([1, 1, 0, 1, 0.5, 0.5], ["a", "a", "b", "b", "c", "c"]) == [2, 3]
     assert informative_groups([], []) == []
@@ -152,7 +171,8 @@ def test_micro_batches_cover_every_sample_once_within_budget(lengths, budget):
         assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= budget
 
 
-@given(grouped_rewards(), st.lists(st.booleans(), min_size=30, max_size=30), st.sampled_from(["grpo", "dr_grpo", "rloo"]))
+@given(grouped_rewards(), st.lists(st.booleans(), min_size=30, max_size=30),
+       st.sampled_from(["grpo", "dr_grpo", "rloo", "reinforce_pp"]))
 def test_errored_episodes_leave_the_baseline_and_lone_groups_contribute_nothing(data, flags, name):
     from ctu.rl.advantages import scored_advantages
 
@@ -162,6 +182,12 @@ def test_errored_episodes_leave_the_baseline_and_lone_groups_contribute_nothing(
     adv = scored_advantages(name, poisoned, groups, errored)
     assert not any(errored[i] for i in adv)
     clean = [i for i in range(len(rewards)) if not errored[i]]
+    if name == "reinforce_pp":  # one baseline for the whole batch: every scored episode is trained on
+        expected = compute_advantages(name, [rewards[i] for i in clean], [groups[i] for i in clean])
+        assert sorted(adv) == clean
+        for i, e in zip(clean, expected.tolist(), strict=True):
+            assert abs(adv[i] - e) <= 1e-4 * max(1.0, abs(e))
+        return
     for g in set(groups):
         members = [i for i in clean if groups[i] == g]
         if len(members) < 2:
