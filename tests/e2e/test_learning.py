@@ -59,7 +59,7 @@ def test_grpo_takes_a_tiny_model_from_chance_to_mastery(tmp_path):
         "env.max_turns=2", "sampling.max_tokens=8", "sampling.temperature=1.0", "sampling.top_p=1.0",
         "eval.temperature=1.0", "eval.samples_per_task=8", "trainer.eval_max_tasks=8",
         "trainer.sft_steps=0", "trainer.max_steps=30", "trainer.tasks_per_step=4", "trainer.samples_per_task=8",
-        "trainer.lr=1e-3", "trainer.warmup_steps=0", "trainer.kl_coef=0", "trainer.ckpt_interval=100",
+        "trainer.lr=1e-3", "trainer.warmup_steps=0", "trainer.kl_coef=0", "trainer.advantage=grpo", "trainer.ckpt_interval=100",
         "trainer.examples_interval=100", "trainer.export=false"])
     summary = Trainer(config).run()
     before, after = summary["before"]["eval/word/success"], summary["after"]["eval/word/success"]

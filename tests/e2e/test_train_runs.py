@@ -93,7 +93,7 @@ def fake_trajectory(spec) -> Trajectory:
 
 def test_dynamic_sampling_draws_more_groups_until_the_batch_is_informative(tmp_path, monkeypatch):
     trainer = Trainer(config(tmp_path / "run", "trainer.dynamic_sampling=true", "trainer.dynamic_sampling_max_draws=3",
-                             "trainer.max_steps=1"))
+                             "trainer.max_steps=1", "trainer.advantage=grpo"))
     draws = []
 
     def rollout(specs, temperature, seed, judge=None):
@@ -117,12 +117,26 @@ def test_dynamic_sampling_draws_more_groups_until_the_batch_is_informative(tmp_p
 
 def test_a_step_with_nothing_to_train_on_is_recorded(tmp_path, monkeypatch):
     trainer = Trainer(config(tmp_path / "run", "trainer.dynamic_sampling=true", "trainer.dynamic_sampling_max_draws=2",
-                             "trainer.max_steps=1"))
+                             "trainer.max_steps=1", "trainer.advantage=grpo"))
     monkeypatch.setattr(trainer, "_rollout", lambda specs, temperature, seed, judge=None:
                         [fake_trajectory(s) for s in specs])
     metrics = trainer.train_step()["metrics"]  # every group all-equal (reward 0): nothing informative
     assert metrics["rollout"]["trained_episodes"] == 0 and metrics["rollout"]["dynamic_extra_draws"] == 2
     assert metrics["train"]["updates"] == 0 and metrics["train"]["loss"] == 0.0
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "reinforce_pp"])
+def test_groups_that_always_succeed_train_only_under_the_batch_baseline(tmp_path, monkeypatch, advantage):
+    trainer = Trainer(config(tmp_path / "run", "trainer.max_steps=1", f"trainer.advantage={advantage}"))
+    monkeypatch.setattr(trainer, "_rollout", lambda specs, temperature, seed, judge=None:
+                        [fake_trajectory(s) for s in specs])
+    monkeypatch.setattr(trainer, "rewards", lambda trajectories: TrainingRewards((1.0, 1.0, 0.0, 0.0), (1.0, 1.0, 0.0, 0.0)))
+    metrics = trainer.train_step()["metrics"]  # group 1 always succeeds, group 2 always fails
+    assert metrics["rollout"]["trained_episodes"] == 4
+    if advantage == "grpo":  # every group constant: every advantage 0, no policy gradient
+        assert metrics["train"]["grad_norm"] == 0
+    else:
+        assert metrics["train"]["grad_norm"] > 0
 
 
 def test_after_the_warm_start_the_kl_reference_is_the_warm_started_policy(tmp_path):
