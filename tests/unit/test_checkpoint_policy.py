@@ -72,7 +72,7 @@ def test_checkpoints_are_atomic_and_resume_skips_partial_writes(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ("trainer.mini_batches=3", "trainer.mini_batches: 3 does not divide the rollout batch of 16"),
-    ("trainer.samples_per_task=1", "at least 2 samples"),
+    ("trainer.advantage=grpo trainer.samples_per_task=1", "at least 2 samples"),
     ("trainer.resume=/no/such/dir", "trainer.resume"),
     ("trainer.micro_batch_tokens=0", "trainer.micro_batch_tokens: must be >= 1"),
 ])
@@ -80,4 +80,9 @@ def test_trainer_config_errors_name_the_key(override, message):
     from ctu.config import ConfigError
 
     with pytest.raises(ConfigError, match=message):
-        load_config("configs/quickstart.yaml", [override])
+        load_config("configs/quickstart.yaml", override.split())
+
+
+def test_a_batch_baseline_needs_no_group():
+    config = load_config("configs/quickstart.yaml", ["trainer.advantage=reinforce_pp", "trainer.samples_per_task=1"])
+    assert config.trainer.samples_per_task == 1
