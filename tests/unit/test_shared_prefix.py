@@ -51,9 +51,25 @@ def batch(prefix_len: int, suffixes: list[int], seed: int = 0):
 
 
 def assert_close(actual, expected, rel=1e-5, msg=None):
-    """Equal up to float32 rounding, relative to the magnitude of the values compared."""
-    scale = max(1.0, float(expected.abs().max())) if expected.numel() else 1.0
-    torch.testing.assert_close(actual, expected, rtol=rel * 10, atol=rel * scale, msg=msg)
+    """Equal up to float32 rounding, relative to the magnitude of the values compared: the absolute slack is
+    ``rel`` times the largest magnitude in ``expected`` (a sum's rounding scales with its terms, not with the
+    element), so near-zero elements of a large tensor do not demand digits fp32 never had."""
+    expected = expected.detach()
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    torch.testing.assert_close(actual.detach(), expected, rtol=rel * 10, atol=rel * max(scale, 1e-6), msg=msg)
+
+
+def assert_same_greedy(model, prompt, tokens, reference, rel=1e-4):
+    """Greedy ``tokens`` equal ``reference`` unless they part at a near tie: where they first differ, the two
+    candidates' logits (recomputed for ``reference``) are within float rounding of each other. Kernels differ
+    between CPUs, so an exact top-1 can flip only where two logits are that close."""
+    if list(tokens) == list(reference):
+        return
+    k = next(i for i, (a, b) in enumerate(zip(tokens, reference, strict=False)) if a != b)
+    with torch.no_grad():
+        logits = model(torch.tensor([list(prompt) + list(reference[:k])])).logits[0, -1].float()
+    gap = float(logits[reference[k]] - logits[tokens[k]])
+    assert abs(gap) <= rel * float(logits.abs().max()), f"greedy tokens part at {k} with a logit gap of {gap}"
 
 
 def plain_logprobs(model, ids, attn):
@@ -123,4 +139,4 @@ def test_generation_with_a_shared_prefix_equals_one_prompt_at_a_time(model, temp
         assert_close(torch.tensor(c.logprobs), ref, rel=1e-4)
         if temperature == 0:
             (alone,) = engine.generate_sync([prompt], params)[0]
-            assert alone.token_ids == c.token_ids
+            assert_same_greedy(model, prompt, c.token_ids, alone.token_ids)
