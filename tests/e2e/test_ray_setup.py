@@ -134,7 +134,7 @@ def busy(cluster):
 def test_a_worker_that_cannot_be_scheduled_times_out_by_name(busy, cluster, tmp_path):
     start = time.monotonic()
     with pytest.raises(RuntimeError) as got:
-        RayPool(make_config(tmp_path), 2, num_cpus=1, start_timeout_s=3)
+        RayPool(make_config(tmp_path, "distributed.start_timeout_s=3"), 2, num_cpus=1)
     assert one_line(got).startswith("rollout worker 0, rollout worker 1 did not start within "
                                     "distributed.start_timeout_s=3 s")
     assert time.monotonic() - start < FAST_S
@@ -157,7 +157,7 @@ def test_a_placement_group_that_cannot_be_placed_times_out_by_name(busy, cluster
 def test_a_worker_that_fails_to_build_is_named_in_one_line(cluster, tmp_path):
     config = make_config(tmp_path, "model.path=/nonexistent/model")
     with pytest.raises(RuntimeError) as got:
-        RayPool(config, 1, num_cpus=1, max_restarts=0, start_timeout_s=120)
+        RayPool(config, 1, num_cpus=1, max_restarts=0)
     assert one_line(got).startswith("rollout worker 0 failed to start: ")
     assert "/nonexistent/model" in str(got.value)
     assert free_cpus_settle(cluster) == 2  # the failed worker was released
