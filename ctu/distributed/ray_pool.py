@@ -35,7 +35,7 @@ from ctu.distributed.pool import (
     rebuild_specs,
     run_chunk,
 )
-from ctu.distributed.ray_setup import check_room, start_ray, wait_started
+from ctu.distributed.ray_setup import check_room, pool_demand, start_ray, wait_started
 from ctu.engines.base import SamplingParams
 from ctu.rollout import EpisodeSpec, Trajectory
 
@@ -155,9 +155,7 @@ class RayPool(RolloutPool):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         ray = _import_ray()
-        bundles = [{"CPU": float(num_cpus), "GPU": float(num_gpus)}] * num_workers
-        what = (f"distributed.rollout_workers={num_workers} with distributed.worker_cpus={num_cpus:g}"
-                + (f" and {num_gpus:g} GPUs" if num_gpus else "") + " each")
+        bundles, what = pool_demand(num_workers, num_cpus, num_gpus)
         if placement is None and address is None and not ray.is_initialized():
             check_room(ray, bundles, what)  # this machine, before a local cluster is started
         self.started_ray = start_ray(ray, address)  # then close() shuts the cluster it started down

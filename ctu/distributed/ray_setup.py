@@ -161,6 +161,46 @@ def check_room(ray, bundles: Sequence[Mapping[str, float]], what: str) -> None:
         raise RaySetupError(problem)
 
 
+def pool_demand(workers: int, cpus: float, gpus: float = 0.0) -> tuple[list[dict[str, float]], str]:
+    """Rollout workers outside a placement group: one bundle each, and the keys behind them."""
+    what = (f"distributed.rollout_workers={workers} with distributed.worker_cpus={cpus:g}"
+            + (f" and {gpus:g} GPUs" if gpus else "") + " each")
+    return [{"CPU": float(cpus), "GPU": float(gpus)}] * workers, what
+
+
+def group_demand(d, gpu: float) -> tuple[list[dict[str, float]], str]:
+    """The trainer group's placement bundles (``d``: ``config.distributed``; ``gpu``: per trainer rank), and the
+    keys behind them."""
+    from ctu.distributed.ray_trainer import placement_bundles  # lazy: that module imports this one
+
+    bundles, _ = placement_bundles(d.trainer_workers, d.rollout_workers, d.placement, d.trainer_cpus,
+                                   d.worker_cpus, gpu)
+    what = (f"distributed.trainer_workers={d.trainer_workers} (distributed.trainer_cpus={d.trainer_cpus:g} each) "
+            f"and distributed.rollout_workers={d.rollout_workers} (distributed.worker_cpus={d.worker_cpus:g} each), "
+            f"distributed.placement={d.placement},")
+    return bundles, what
+
+
+def preflight(config) -> None:
+    """What can be checked before anything is loaded: an explicit ``distributed.address`` answers, and the actors
+    fit the cluster (when Ray is up) or this machine (a local cluster to start). No-op without Ray actors."""
+    d = config.distributed
+    if not (d.rollout_workers or d.trainer_workers):
+        return
+    from ctu.distributed.ray_pool import _import_ray
+
+    ray = _import_ray()
+    if not ray.is_initialized() and d.address:
+        probe_address(d.address)
+        return
+    if d.trainer_workers:
+        have = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else local_room()["GPU"]
+        bundles, what = group_demand(d, 1.0 if have >= 1 else 0.0)
+    else:
+        bundles, what = pool_demand(d.rollout_workers, d.worker_cpus)
+    check_room(ray, bundles, what)
+
+
 def wait_started(ray, refs: Sequence, names: Sequence[str], timeout_s: float,
                  key: str = "distributed.start_timeout_s") -> list:
     """``ray.get`` of actor start-up calls, bounded by ``timeout_s`` in all; the first failure, or the actors

@@ -12,7 +12,9 @@ Placement (``distributed.placement``): ``colocated`` puts rollout worker k in tr
 (sharing its GPU: a colocated vLLM sleeps during updates), ``split`` gives rollout workers bundles of their own.
 Checkpoints are DCP (:mod:`ctu.distributed.dcp`), written by every rank into ``run.dir`` (shared storage on a
 multi-node cluster). A rank that dies stops the run with :class:`TrainerRankError`; ``trainer.resume=latest``
-continues from the last complete checkpoint.
+continues from the last complete checkpoint. Set-ups that cannot fit fail before any actor starts, and every
+start-up wait is bounded (``distributed.placement_timeout_s``, ``distributed.start_timeout_s``): see
+:mod:`ctu.distributed.ray_setup`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 from ctu.distributed.group import TrainerGroup, TrainerRankError, build_optimizer, contiguous_slices
 from ctu.distributed.ray_pool import _import_ray
-from ctu.distributed.ray_setup import RaySetupError, check_room, local_room, start_ray, wait_started
+from ctu.distributed.ray_setup import RaySetupError, check_room, group_demand, local_room, start_ray, wait_started
 
 REFERENCE = "reference.pt"
 
@@ -185,23 +187,18 @@ class RayTrainerGroup(TrainerGroup):
         ray = _import_ray()
         d = config.distributed
         self.config = config
-        n, m = d.trainer_workers, d.rollout_workers
-        what = (f"distributed.trainer_workers={n} (distributed.trainer_cpus={d.trainer_cpus:g} each) and "
-                f"distributed.rollout_workers={m} (distributed.worker_cpus={d.worker_cpus:g} each), "
-                f"distributed.placement={d.placement},")
         if not d.address and not ray.is_initialized():  # this machine, before a local cluster is started
-            gpu = 1.0 if local_room()["GPU"] >= 1 else 0.0
-            check_room(ray, placement_bundles(n, m, d.placement, d.trainer_cpus, d.worker_cpus, gpu)[0], what)
+            check_room(ray, *group_demand(d, 1.0 if local_room()["GPU"] >= 1 else 0.0))
         self.started_ray = start_ray(ray, d.address)
         self.ranks: list = []
         self.pg = None
         try:
-            self._start(ray, config, n, m, what, fault_files or {})
+            self._start(ray, config, fault_files or {})
         except BaseException:
             self.close()
             raise
 
-    def _start(self, ray, config, n: int, m: int, what: str, faults: dict[int, str]) -> None:
+    def _start(self, ray, config, faults: dict[int, str]) -> None:
         from ray.exceptions import GetTimeoutError
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -209,8 +206,10 @@ class RayTrainerGroup(TrainerGroup):
         from ctu.models import load_tokenizer
 
         d = config.distributed
+        n, m = d.trainer_workers, d.rollout_workers
         gpu = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
         bundles, self.rollout_placement = placement_bundles(n, m, d.placement, d.trainer_cpus, d.worker_cpus, gpu)
+        what = group_demand(d, gpu)[1]
         check_room(ray, bundles, what)
         self.tokenizer = load_tokenizer(config.model.path)
         self.pg = placement_group(bundles, strategy="PACK")

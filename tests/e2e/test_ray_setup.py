@@ -78,6 +78,20 @@ def test_a_local_set_up_bigger_than_this_machine_fails_before_ray_starts(ray, tm
     assert not ray.is_initialized()
 
 
+def test_ctu_train_checks_before_loading_any_model(ray, tmp_path):
+    """The trainer's preflight: the model path does not exist, yet the error is the set-up's (nothing was loaded)."""
+    from ctu.train.trainer import Trainer
+
+    address = f"127.0.0.1:{closed_port()}"
+    with pytest.raises(RuntimeError, match=rf"^distributed\.address={address}: no Ray cluster reachable"):
+        Trainer(make_config(tmp_path, "model.path=/nonexistent/model", f"distributed.address={address}",
+                            "distributed.rollout_workers=1"))
+    with pytest.raises(RuntimeError, match=r"^distributed\.trainer_workers=1 .*need 100001 CPUs; this machine"):
+        Trainer(make_config(tmp_path, "model.path=/nonexistent/model", "distributed.trainer_workers=1",
+                            "distributed.rollout_workers=1", "distributed.worker_cpus=100000"))
+    assert not ray.is_initialized()
+
+
 # -- one local cluster with 2 CPUs ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster(ray):
@@ -87,11 +101,16 @@ def cluster(ray):
 
 
 def test_eight_rollout_workers_on_two_cpus_fail_fast(cluster, tmp_path):
+    from ctu.train.trainer import Trainer
+
+    message = "distributed.rollout_workers=8 with distributed.worker_cpus=1 each need 8 CPUs; the Ray cluster has 2"
     start = time.monotonic()
     with pytest.raises(RuntimeError) as got:
         RayPool(make_config(tmp_path), 8, num_cpus=1)
-    assert one_line(got) == ("distributed.rollout_workers=8 with distributed.worker_cpus=1 each need 8 CPUs; "
-                             "the Ray cluster has 2")
+    assert one_line(got) == message
+    with pytest.raises(RuntimeError) as got:  # ctu train: before the model (here: none) is loaded
+        Trainer(make_config(tmp_path, "model.path=/nonexistent/model", "distributed.rollout_workers=8"))
+    assert one_line(got) == message
     assert time.monotonic() - start < FAST_S
 
 
