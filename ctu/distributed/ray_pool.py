@@ -179,8 +179,9 @@ class RayPool(RolloutPool):
                 if placement is not None:
                     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-                    options.update(num_gpus=placement["worker_gpu"], scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        placement["pg"], placement_group_bundle_index=placement["bundles"][k]))
+                    strategy = PlacementGroupSchedulingStrategy(
+                        placement["pg"], placement_group_bundle_index=placement["bundles"][k])
+                    options.update(num_gpus=placement["worker_gpu"], scheduling_strategy=strategy)
                 self.workers.append(remote.options(**options).remote(config, faults.get(k)))
             wait_started(ray, [w.pid.remote() for w in self.workers],  # built (model loaded) before the first step
                          [f"rollout worker {k}" for k in range(num_workers)], start_timeout_s)

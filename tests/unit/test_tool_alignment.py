@@ -82,7 +82,8 @@ def missing_tool_call_id(m):
 DEFECTS = {
     unknown_id: r"messages\[3\]\.tool_call_id is 'call_nobody_made', expected 'gold_0': the result of "
                 r"messages\[2\]\.tool_calls\[0\] \(id 'gold_0'\)",
-    missing_result: r"messages\[2\]\.tool_calls\[0\] \(id 'gold_0'\) has no result: messages\[3\] is an assistant message",
+    missing_result: r"messages\[2\]\.tool_calls\[0\] \(id 'gold_0'\) has no result: messages\[3\] is an "
+                    r"assistant message",
     second_result: r"messages\[4\] is a tool message with tool_call_id 'gold_0' that answers the call of "
                    r"messages\[2\] again",
     results_out_of_order: r"messages\[3\]\.tool_call_id is 'gold_1', expected 'gold_0'",
