@@ -8,6 +8,7 @@
   local cluster is started, against this machine.
 * Start-up: every wait for actors to start is bounded (``distributed.start_timeout_s``); a worker that does not
   start in time, or fails to, is named in a one-line :class:`RaySetupError`.
+* ``ctu train`` runs :func:`preflight` before it loads any model: the address probe and the room check.
 
 Pure helpers (:func:`room_problem`, :func:`address_endpoint`) carry the arithmetic and parsing; the rest talks to
 Ray, imported by the caller (``ctu`` imports without it).
@@ -120,16 +121,16 @@ def room_problem(bundles: Sequence[Mapping[str, float]], total: Mapping[str, flo
     return None
 
 
-def cluster_room(ray) -> tuple[dict[str, float], dict[str, float]]:
-    """The cluster's total resources and the most of each that one alive node has."""
+def cluster_room(ray) -> tuple[dict[str, float], dict[str, float] | None]:
+    """The cluster's total resources and the most of each that one alive node has (None: no node listed)."""
     total = {k: float(v) for k, v in ray.cluster_resources().items() if k in RESOURCES}
     largest: dict[str, float] = {}
     for node in ray.nodes():
         if not node.get("Alive", True):
             continue
         for k in RESOURCES:
-            largest[k] = max(largest.get(k, 0.0), float(node.get("Resources", {}).get(k, 0.0)))
-    return total, largest
+            largest[k] = max(largest.get(k, 0.0), float((node.get("Resources") or {}).get(k, 0.0)))
+    return total, largest or None
 
 
 def local_room() -> dict[str, float]:
