@@ -204,6 +204,7 @@ class DistributedConfig:
     trainer_cpus: float = 1.0  # CPUs each trainer rank reserves
     cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy: sharded params, grads and optimizer state in CPU memory
     placement_timeout_s: float = 600.0  # how long to wait for the cluster to have room for the placement group
+    start_timeout_s: float = 600.0  # how long actors may take to start (model loaded, process group formed)
 
 
 @dataclass

@@ -127,7 +127,7 @@ def _update_problems(config: Config) -> list[str]:
         out.append(f"distributed.trainer_workers: must be >= 0, got {d.trainer_workers}")
     if d.placement not in ("colocated", "split"):
         out.append(f"distributed.placement: must be colocated or split, got {d.placement!r}")
-    for key in ("worker_cpus", "trainer_cpus", "placement_timeout_s"):
+    for key in ("worker_cpus", "trainer_cpus", "placement_timeout_s", "start_timeout_s"):
         if getattr(d, key) <= 0:
             out.append(f"distributed.{key}: must be > 0, got {getattr(d, key)}")
 

@@ -1,6 +1,7 @@
 """Recorded transcripts: OpenAI-format conversations, one JSON object per line.
 
-``parse_line`` validates one line for ``ctu score`` (clear errors naming the field);
+``parse_line`` validates one line for ``ctu score`` (clear errors naming the field; tool results must line up with
+their calls as tau2's replay requires: :func:`check_tool_results`);
 ``gold_transcript`` builds the conversation an ideal agent would have for a task
 (its gold tool calls with their results, then a message with every fact to
 communicate, then the user's stop) — what ``ctu env check`` scores.
@@ -69,6 +70,56 @@ def check_messages(messages: Any) -> None:
         _check_message(i, msg)
 
 
+REQUESTORS = ("user", "assistant")
+
+
+def _call_ids(msg: Mapping[str, Any]) -> list[Any]:
+    return [c.get("id", "") for c in msg.get("tool_calls") or []]
+
+
+def check_tool_results(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Raise :class:`TranscriptError` naming the first tool message out of line with its call, as tau2 replays.
+
+    tau2 (``Environment.set_state``) pairs results with calls by position: the ``k`` calls of a message must be
+    followed at once by ``k`` tool messages answering them in order (``tool_call_id`` equal to the call's ``id``);
+    a tool message that answers no pending call, a call without its result, or another id raises there. A tool
+    message's ``requestor`` must be ``user`` or ``assistant`` (tau2's field) and, when given, the side whose
+    call it answers. Messages are checked by :func:`check_messages` first."""
+    i = 0
+    while i < len(messages):
+        msg = messages[i]
+        if msg.get("role") == "tool":
+            tid = msg.get("tool_call_id")
+            answered = [j for j in range(i) if tid in _call_ids(messages[j])]
+            why = f"answers the call of messages[{answered[-1]}] again" if answered else "answers no call"
+            raise TranscriptError(f"messages[{i}] is a tool message with tool_call_id {tid!r} that {why} (each tool "
+                                  "message must follow its call, one result per call, in call order)")
+        ids = _call_ids(msg)
+        for k, call_id in enumerate(ids):
+            at = i + 1 + k
+            where = f"messages[{i}].tool_calls[{k}] (id {call_id!r})"
+            if at >= len(messages) or messages[at].get("role") != "tool":
+                role = messages[at].get("role") if at < len(messages) else None
+                got = f"messages[{at}] is {'an' if role == 'assistant' else 'a'} {role} message" if role \
+                    else "the transcript ends"
+                raise TranscriptError(f"{where} has no result: {got} (each call's tool message must follow it, "
+                                      "in call order)")
+            answer = messages[at]
+            if "tool_call_id" not in answer:
+                raise TranscriptError(f"messages[{at}].tool_call_id is missing (expected {call_id!r}, the result "
+                                      f"of {where})")
+            if answer["tool_call_id"] != call_id:
+                raise TranscriptError(f"messages[{at}].tool_call_id is {answer['tool_call_id']!r}, expected "
+                                      f"{call_id!r}: the result of {where} (results follow their calls in order)")
+            requestor = answer.get("requestor")
+            if requestor is not None and requestor not in REQUESTORS:
+                raise TranscriptError(f"messages[{at}].requestor must be user or assistant, got {requestor!r}")
+            if requestor is not None and requestor != msg.get("role"):
+                raise TranscriptError(f"messages[{at}].requestor is {requestor!r} but it answers {where}, "
+                                      f"a call by the {msg.get('role')}")
+        i += 1 + len(ids)
+
+
 def parse_line(text: str) -> Transcript:
     """Validate one JSONL line of a transcript file."""
     try:
@@ -81,6 +132,7 @@ def parse_line(text: str) -> Transcript:
         raise TranscriptError("field 'task_id' is missing or not a string")
     messages = obj.get("messages")
     check_messages(messages)
+    check_tool_results(messages)
     domain = obj.get("domain")
     if domain is not None and not isinstance(domain, str):
         raise TranscriptError("field 'domain' must be a string")

@@ -35,6 +35,7 @@ from ctu.distributed.pool import (
     rebuild_specs,
     run_chunk,
 )
+from ctu.distributed.ray_setup import check_room, pool_demand, start_ray, wait_started
 from ctu.engines.base import SamplingParams
 from ctu.rollout import EpisodeSpec, Trajectory
 
@@ -142,37 +143,51 @@ class RayPool(RolloutPool):
     ``restart_timeout_s``: how long a rerun waits for the restart.
     ``fault_files``: worker index -> fault file (tests; see :class:`RolloutWorker`).
     ``placement``: ``{"pg", "bundles", "worker_gpu"}`` from :func:`ctu.distributed.ray_trainer.placement_bundles`
-    (worker k in bundle ``bundles[k]`` of placement group ``pg``); None: anywhere in the cluster.
+    (worker k in bundle ``bundles[k]`` of placement group ``pg``); None: anywhere in the cluster, after checking
+    the workers fit it. ``start_timeout_s`` (default ``distributed.start_timeout_s``) bounds the wait for every
+    worker to start (:mod:`ctu.distributed.ray_setup`).
     """
 
     def __init__(self, config, num_workers: int, address: str | None = None, *, num_cpus: float = 1,
                  num_gpus: float = 0, max_restarts: int = 2, restart_timeout_s: float = 300.0,
-                 fault_files: dict[int, str] | None = None, placement: dict | None = None):
+                 fault_files: dict[int, str] | None = None, placement: dict | None = None,
+                 start_timeout_s: float | None = None):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         ray = _import_ray()
-        self.started_ray = not ray.is_initialized()  # then close() shuts the cluster it started down
-        if self.started_ray:  # a local cluster stays on loopback; an address joins a running one
-            ray.init(address=address, include_dashboard=False,
-                     **({} if address else {"_node_ip_address": "127.0.0.1"}))
+        bundles, what = pool_demand(num_workers, num_cpus, num_gpus)
+        if placement is None and address is None and not ray.is_initialized():
+            check_room(ray, bundles, what)  # this machine, before a local cluster is started
+        self.started_ray = start_ray(ray, address)  # then close() shuts the cluster it started down
         self.config = config
         self.restart_timeout_s = restart_timeout_s
-        remote = ray.remote(RolloutWorker)
-        faults = fault_files or {}
         self.workers = []
-        for k in range(num_workers):  # placement: the trainer group's placement group (ray_trainer.placement_bundles)
-            options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts, "max_task_retries": 0}
-            if placement is not None:
-                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-                options.update(num_gpus=placement["worker_gpu"], scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement["pg"], placement_group_bundle_index=placement["bundles"][k]))
-            self.workers.append(remote.options(**options).remote(config, faults.get(k)))
         self.dead: set[int] = set()  # workers that failed a chunk twice: given no more episodes
         self.weights_ref = None  # the last weights put in the object store, and their version
         self.version = -1
         self.reruns = 0  # chunks re-run after a worker died (all calls)
-        ray.get([w.pid.remote() for w in self.workers])  # built (model loaded) before the first step
+        if start_timeout_s is None:
+            start_timeout_s = config.distributed.start_timeout_s
+        try:
+            if placement is None:  # in a placement group the bundles were checked and reserved by the trainer group
+                check_room(ray, bundles, what)
+            remote = ray.remote(RolloutWorker)
+            faults = fault_files or {}
+            for k in range(num_workers):  # placement: the trainer group's placement group (placement_bundles)
+                options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts,
+                           "max_task_retries": 0}
+                if placement is not None:
+                    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                    strategy = PlacementGroupSchedulingStrategy(
+                        placement["pg"], placement_group_bundle_index=placement["bundles"][k])
+                    options.update(num_gpus=placement["worker_gpu"], scheduling_strategy=strategy)
+                self.workers.append(remote.options(**options).remote(config, faults.get(k)))
+            wait_started(ray, [w.pid.remote() for w in self.workers],  # built (model loaded) before the first step
+                         [f"rollout worker {k}" for k in range(num_workers)], start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def num_workers(self) -> int:

@@ -12,7 +12,9 @@ Placement (``distributed.placement``): ``colocated`` puts rollout worker k in tr
 (sharing its GPU: a colocated vLLM sleeps during updates), ``split`` gives rollout workers bundles of their own.
 Checkpoints are DCP (:mod:`ctu.distributed.dcp`), written by every rank into ``run.dir`` (shared storage on a
 multi-node cluster). A rank that dies stops the run with :class:`TrainerRankError`; ``trainer.resume=latest``
-continues from the last complete checkpoint.
+continues from the last complete checkpoint. Set-ups that cannot fit fail before any actor starts, and every
+start-up wait is bounded (``distributed.placement_timeout_s``, ``distributed.start_timeout_s``): see
+:mod:`ctu.distributed.ray_setup`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from ctu.distributed.group import TrainerGroup, TrainerRankError, build_optimizer, contiguous_slices
 from ctu.distributed.ray_pool import _import_ray
+from ctu.distributed.ray_setup import RaySetupError, check_room, group_demand, local_room, start_ray, wait_started
 
 REFERENCE = "reference.pt"
 
@@ -182,35 +185,54 @@ class RayTrainerGroup(TrainerGroup):
 
     def __init__(self, config, fault_files: dict[int, str] | None = None):
         ray = _import_ray()
+        d = config.distributed
+        self.config = config
+        if not d.address and not ray.is_initialized():  # this machine, before a local cluster is started
+            check_room(ray, *group_demand(d, 1.0 if local_room()["GPU"] >= 1 else 0.0))
+        self.started_ray = start_ray(ray, d.address)
+        self.ranks: list = []
+        self.pg = None
+        try:
+            self._start(ray, config, fault_files or {})
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, ray, config, faults: dict[int, str]) -> None:
+        from ray.exceptions import GetTimeoutError
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from ctu.models import load_tokenizer
 
         d = config.distributed
-        self.config = config
-        self.started_ray = not ray.is_initialized()
-        if self.started_ray:  # a local cluster stays on loopback; an address joins a running one
-            ray.init(address=d.address, include_dashboard=False,
-                     **({} if d.address else {"_node_ip_address": "127.0.0.1"}))
-        self.tokenizer = load_tokenizer(config.model.path)
         n, m = d.trainer_workers, d.rollout_workers
         gpu = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
         bundles, self.rollout_placement = placement_bundles(n, m, d.placement, d.trainer_cpus, d.worker_cpus, gpu)
+        what = group_demand(d, gpu)[1]
+        check_room(ray, bundles, what)
+        self.tokenizer = load_tokenizer(config.model.path)
         self.pg = placement_group(bundles, strategy="PACK")
-        ray.get(self.pg.ready(), timeout=d.placement_timeout_s)
+        try:
+            ray.get(self.pg.ready(), timeout=d.placement_timeout_s)
+        except GetTimeoutError:
+            free = ray.available_resources()
+            raise RaySetupError(
+                f"the placement group for {what.rstrip(',')} ({len(bundles)} bundle(s), "
+                f"{sum(b.get('CPU', 0) for b in bundles):g} CPUs and {sum(b.get('GPU', 0) for b in bundles):g} "
+                f"GPUs) was not ready within distributed.placement_timeout_s={d.placement_timeout_s:g} s; free now: "
+                f"{free.get('CPU', 0):g} CPUs, {free.get('GPU', 0):g} GPUs") from None
         if self.rollout_placement is not None:
             self.rollout_placement = {**self.rollout_placement, "pg": self.pg}
         share = self.rollout_placement["trainer_gpu"] if self.rollout_placement else gpu
-        faults = fault_files or {}
-        self.ranks = []
         for k in range(n):
             actor = ray.remote(TrainerRank).options(
                 num_cpus=d.trainer_cpus, num_gpus=share, max_restarts=0, max_task_retries=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=k))
             self.ranks.append(actor.remote(config, k, n, faults.get(k)))
-        init = ray.get(self.ranks[0].endpoint.remote())
-        self._all("setup", init)
+        names = [f"trainer rank {k}" for k in range(n)]
+        init = wait_started(ray, [self.ranks[0].endpoint.remote()], names[:1], d.start_timeout_s)[0]
+        wait_started(ray, [r.setup.remote(init) for r in self.ranks], names, d.start_timeout_s)
 
     @property
     def world_size(self) -> int:
@@ -286,7 +308,9 @@ class RayTrainerGroup(TrainerGroup):
         for rank in self.ranks:
             ray.kill(rank, no_restart=True)
         self.ranks = []
-        remove_placement_group(self.pg)
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
         if self.started_ray:
             ray.shutdown()
             self.started_ray = False

@@ -18,6 +18,7 @@ import torch
 from ctu import components as build
 from ctu.config import Config, ConfigError, save_config, to_dict, training_problems
 from ctu.distributed.group import build_trainer_group, sft_batches
+from ctu.distributed.ray_setup import preflight
 from ctu.evaluate import episode_specs, progress_bar, write_report
 from ctu.metrics import distribution, mean
 from ctu.rl.advantages import informative_groups, scored_advantages
@@ -90,6 +91,7 @@ class Trainer:
         self.run_dir = Path(config.run.dir)
         torch.manual_seed(config.run.seed)
         random.seed(config.run.seed)
+        preflight(config)  # Ray set-ups that cannot work fail here, before any model is loaded
         self.group = build_trainer_group(config)
         self.chat = build.build_chat(config, tokenizer=self.group.tokenizer)
         self.domains = build.build_domains(config)
