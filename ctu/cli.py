@@ -118,6 +118,14 @@ def _load(args: argparse.Namespace):
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """k samples per task over the configured domains and splits; reports into run.dir."""
+    from ctu.runlock import RunDirLock
+
+    config = _load(args)
+    with RunDirLock(config.run.dir):  # one writer per run.dir (a live train or eval there refuses this one)
+        return _evaluate(config)
+
+
+def _evaluate(config) -> int:
     import asyncio
 
     from ctu import components as build
@@ -125,7 +133,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ctu.evaluate import episode_specs, progress_bar, write_report
     from ctu.rollout import RolloutLimits, rollout
 
-    config = _load(args)
     save_config(config, f"{config.run.dir}/config.yaml")
     domains = build.build_domains(config)
     specs = episode_specs(domains, config.eval.splits, config.eval.samples_per_task, config.eval.max_tasks)
