@@ -258,7 +258,7 @@ class Trainer:
         t = self.config.trainer
         if t.sft_steps <= 0:
             return None
-        demos = warm_start_samples(self.chat, self.domains, t.sft_data)
+        demos = warm_start_samples(self.chat, self.domains, t.sft_data, self.config.env.max_context_tokens)
         from tqdm import tqdm
 
         batches = sft_batches(demos, t.sft_steps, t.sft_batch_size, self.config.run.seed)
