@@ -131,13 +131,14 @@ def _evaluate(config) -> int:
     from ctu import components as build
     from ctu.config import save_config
     from ctu.evaluate import episode_specs, progress_bar, write_report
-    from ctu.rollout import RolloutLimits, rollout
+    from ctu.rollout import RolloutLimits, rollout, warn_prompt_budget
 
     save_config(config, f"{config.run.dir}/config.yaml")
     domains = build.build_domains(config)
     specs = episode_specs(domains, config.eval.splits, config.eval.samples_per_task, config.eval.max_tasks)
     user, judge = build.build_user(config), build.build_judge(config)  # a missing API key fails before the model loads
     chat = build.build_chat(config)
+    warn_prompt_budget(chat, domains, config.env.max_context_tokens)
     engine = build.build_engine(config, tokenizer=chat.tokenizer)
     limits = RolloutLimits(config.env.max_turns, config.env.max_errors, config.env.max_context_tokens)
     try:
@@ -167,7 +168,7 @@ def cmd_play(args: argparse.Namespace) -> int:
 
     from ctu import components as build
     from ctu.play import print_trajectory, run_human
-    from ctu.rollout import EpisodeSpec, RolloutLimits, rollout
+    from ctu.rollout import EpisodeSpec, RolloutLimits, rollout, warn_prompt_budget
 
     if args.model:
         args.overrides = [*args.overrides, f"model.path={args.model}"]
@@ -181,6 +182,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     if args.human:
         return run_human(domain, task, user, config.env.max_turns)
     chat = build.build_chat(config)
+    warn_prompt_budget(chat, [domain], config.env.max_context_tokens)
     engine = build.build_engine(config, tokenizer=chat.tokenizer)
     limits = RolloutLimits(config.env.max_turns, config.env.max_errors, config.env.max_context_tokens)
     try:

@@ -22,7 +22,7 @@ from ctu.evaluate import episode_specs, progress_bar, write_report
 from ctu.metrics import distribution, mean
 from ctu.rl.advantages import informative_groups, scored_advantages
 from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
-from ctu.rollout import EpisodeSpec, Trajectory
+from ctu.rollout import EpisodeSpec, Trajectory, warn_prompt_budget
 from ctu.runlock import RunDirLock
 from ctu.tracking import Tracker, eval_phase, record_eval
 from ctu.train.checkpoint import clean_stale, previous_run, resolve_resume
@@ -104,6 +104,7 @@ class Trainer:
         self.group = build_trainer_group(config)
         self.chat = build.build_chat(config, tokenizer=self.group.tokenizer)
         self.domains = build.build_domains(config)
+        warn_prompt_budget(self.chat, self.domains, config.env.max_context_tokens)
         self.user = build.build_user(config)
         self.judge = build.build_judge(config)
         self.engine = None
