@@ -209,8 +209,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Per-GPU memory plan of a training config; exit 0 if it fits."""
+    import math
+
     from ctu.plan import plan
 
+    if args.gpus < 1:
+        raise SystemExit(f"ctu: error: --gpus: must be >= 1, got {args.gpus}")
+    if not math.isfinite(args.gpu_memory) or args.gpu_memory <= 0:
+        raise SystemExit(f"ctu: error: --gpu-memory: must be a finite number of GiB > 0, got {args.gpu_memory:g}")
     result = plan(_load(args), args.gpus, args.gpu_memory)
     print(result.render())
     return 0 if result.fits else 1
