@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ctu.atomic import atomic_write_text
+from ctu.atomic import atomic_open, atomic_write_text
 from ctu.data.conversations import DataError
 from ctu.domains.base import Domain, Task
 from ctu.env import Episode
@@ -85,8 +85,9 @@ def write_prompts(path: str | Path, rows: Sequence[dict[str, Any]]) -> dict[str,
     import pyarrow as pa
 
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(list(rows)), out)
+    table = pa.Table.from_pylist(list(rows))
+    with atomic_open(out, "wb") as handle:  # the previous file stays whole until this one is
+        pq.write_table(table, handle)
     return {"path": str(out), "records": len(rows), "format": "parquet"}
 
 
