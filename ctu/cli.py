@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ctu.domains import DOMAINS, get_domain
+from ctu.redact import redact_urls
 
 
 def _fmt_components(components: dict[str, float]) -> str:
@@ -118,19 +119,27 @@ def _load(args: argparse.Namespace):
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """k samples per task over the configured domains and splits; reports into run.dir."""
+    from ctu.runlock import RunDirLock
+
+    config = _load(args)
+    with RunDirLock(config.run.dir):  # one writer per run.dir (a live train or eval there refuses this one)
+        return _evaluate(config)
+
+
+def _evaluate(config) -> int:
     import asyncio
 
     from ctu import components as build
     from ctu.config import save_config
     from ctu.evaluate import episode_specs, progress_bar, write_report
-    from ctu.rollout import RolloutLimits, rollout
+    from ctu.rollout import RolloutLimits, rollout, warn_prompt_budget
 
-    config = _load(args)
     save_config(config, f"{config.run.dir}/config.yaml")
     domains = build.build_domains(config)
     specs = episode_specs(domains, config.eval.splits, config.eval.samples_per_task, config.eval.max_tasks)
     user, judge = build.build_user(config), build.build_judge(config)  # a missing API key fails before the model loads
     chat = build.build_chat(config)
+    warn_prompt_budget(chat, domains, config.env.max_context_tokens)
     engine = build.build_engine(config, tokenizer=chat.tokenizer)
     limits = RolloutLimits(config.env.max_turns, config.env.max_errors, config.env.max_context_tokens)
     try:
@@ -160,7 +169,7 @@ def cmd_play(args: argparse.Namespace) -> int:
 
     from ctu import components as build
     from ctu.play import print_trajectory, run_human
-    from ctu.rollout import EpisodeSpec, RolloutLimits, rollout
+    from ctu.rollout import EpisodeSpec, RolloutLimits, rollout, warn_prompt_budget
 
     if args.model:
         args.overrides = [*args.overrides, f"model.path={args.model}"]
@@ -174,6 +183,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     if args.human:
         return run_human(domain, task, user, config.env.max_turns)
     chat = build.build_chat(config)
+    warn_prompt_budget(chat, [domain], config.env.max_context_tokens)
     engine = build.build_engine(config, tokenizer=chat.tokenizer)
     limits = RolloutLimits(config.env.max_turns, config.env.max_errors, config.env.max_context_tokens)
     try:
@@ -199,8 +209,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Per-GPU memory plan of a training config; exit 0 if it fits."""
+    import math
+
     from ctu.plan import plan
 
+    if args.gpus < 1:
+        raise SystemExit(f"ctu: error: --gpus: must be >= 1, got {args.gpus}")
+    if not math.isfinite(args.gpu_memory) or args.gpu_memory <= 0:
+        raise SystemExit(f"ctu: error: --gpu-memory: must be a finite number of GiB > 0, got {args.gpu_memory:g}")
     result = plan(_load(args), args.gpus, args.gpu_memory)
     print(result.render())
     return 0 if result.fits else 1
@@ -314,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # ctu's own one-line errors
         if args.debug or exc.code is None or isinstance(exc.code, int):
             raise
-        print(_one_line(str(exc.code)), file=sys.stderr)
+        print(redact_urls(_one_line(str(exc.code))), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         if args.debug:
@@ -324,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        print(f"ctu: error: {_describe(exc)}", file=sys.stderr)
+        print(f"ctu: error: {redact_urls(_describe(exc))}", file=sys.stderr)
         return 1
 
 

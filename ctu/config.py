@@ -18,6 +18,7 @@ import yaml
 
 from ctu.config_checks import config_problems
 from ctu.config_checks import training_problems as training_problems  # re-exported
+from ctu.redact import redact_urls
 
 
 class ConfigError(ValueError):
@@ -352,13 +353,16 @@ _SECRET_KEY = re.compile(r"(api_?key|token|secret|password)$", re.I)
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """The config as plain data with secrets removed (names of env vars are kept, values never)."""
+    """The config as plain data with secrets removed (names of env vars are kept, values never; URLs lose their
+    userinfo and secret query values)."""
 
     def scrub(node: Any) -> Any:
         if isinstance(node, dict):
             return {k: ("<redacted>" if _SECRET_KEY.search(k) and v else scrub(v)) for k, v in node.items()}
         if isinstance(node, list):
             return [scrub(v) for v in node]
+        if isinstance(node, str):  # credentials inside a URL (user:password@, ?api_key=...)
+            return redact_urls(node)
         return node
 
     return scrub(dataclasses.asdict(config))

@@ -74,7 +74,20 @@ def config_problems(config: Config) -> list[str]:
     for section in ("user", "judge", "shaping"):
         problems += _budget_problems(section, getattr(config, section))
     problems += _update_problems(config)
+    problems += _count_problems(config)
     return problems
+
+
+def _count_problems(config: Config) -> list[str]:
+    """Counts not checked above: how many tasks to evaluate (null: all; 0 or a negative slice bound would
+    evaluate none or silently drop tasks), the scripted user's patience."""
+    out = [f"{key}: must be >= 1 (or null for every task), got {value}"
+           for key, value in (("eval.max_tasks", config.eval.max_tasks),
+                              ("trainer.eval_max_tasks", config.trainer.eval_max_tasks))
+           if value is not None and value < 1]
+    if config.user.patience < 1:
+        out.append(f"user.patience: must be >= 1, got {config.user.patience}")
+    return out
 
 
 def _budget_problems(section: str, b: ChatAPIBudget) -> list[str]:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,8 +193,10 @@ class Plan:
 def plan(config, gpus: int = 1, gpu_memory_gb: float = 80.0, device: str = "cuda") -> Plan:
     """The memory plan of ``config`` on ``gpus`` GPUs of ``gpu_memory_gb`` GiB each (``device="cpu"``: one
     process's RAM, no CUDA context and no vLLM, for comparison with measured CPU peaks)."""
-    if gpus < 1 or gpu_memory_gb <= 0:
-        raise ValueError(f"need gpus >= 1 and gpu memory > 0, got {gpus} x {gpu_memory_gb} GiB")
+    if gpus < 1:
+        raise ValueError(f"need gpus >= 1, got {gpus}")
+    if not math.isfinite(gpu_memory_gb) or gpu_memory_gb <= 0:  # nan compares false with everything
+        raise ValueError(f"gpu memory must be a finite number of GiB > 0, got {gpu_memory_gb}")
     a = resolve_arch(config.model.path)
     cuda = device != "cpu"
     dtype = config.model.dtype

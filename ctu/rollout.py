@@ -19,7 +19,7 @@ from typing import Any
 from ctu.chat import ChatFormat, TokenSequence
 from ctu.domains.base import Domain, Task
 from ctu.engines.base import Completion, Engine, SamplingParams
-from ctu.env import AgentTurn, Episode, ToolCall
+from ctu.env import AgentTurn, Episode, ToolCall, system_prompt
 from ctu.llm_api import LLMCallError
 from ctu.parsing import parse_model_output
 from ctu.reward import NLJudge, compute_reward, nl_verdicts
@@ -83,6 +83,27 @@ class RolloutLimits:
     max_turns: int = 12
     max_errors: int = 5
     max_context_tokens: int = 4096
+
+
+def prompt_budget_warnings(chat: ChatFormat, domains: Sequence[Domain], max_context_tokens: int) -> list[str]:
+    """One line per domain whose system prompt and tools alone fill ``max_context_tokens``: its episodes would
+    end at turn 0 (stop reason ``context``) and score 0."""
+    out = []
+    for domain in domains:
+        tokens = len(chat.prompt_ids([{"role": "system", "content": system_prompt(domain)}], domain.openai_tools()))
+        if tokens >= max_context_tokens:
+            out.append(f"domain {domain.name}: the system prompt and tools are {tokens} tokens, at or over "
+                       f"env.max_context_tokens={max_context_tokens}: every episode ends at turn 0 and scores 0; "
+                       "raise env.max_context_tokens or use a shorter template")
+    return out
+
+
+def warn_prompt_budget(chat: ChatFormat, domains: Sequence[Domain], max_context_tokens: int) -> None:
+    """Print :func:`prompt_budget_warnings` to stderr (once per command, before any episode runs)."""
+    import sys
+
+    for line in prompt_budget_warnings(chat, domains, max_context_tokens):
+        print(f"ctu: warning: {line}", file=sys.stderr, flush=True)
 
 
 class GenerationBatcher:

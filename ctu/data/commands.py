@@ -62,8 +62,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     """A parquet prompt dataset of tau2 tasks back to tau2 tasks.json (+ split_tasks.json) per domain."""
     from ctu.data.prompts import read_prompts, write_tasks
 
-    for domain, entry in read_prompts(args.file).items():
-        folder = Path(args.out) / domain
+    out = Path(args.out).resolve()
+    for domain, entry in read_prompts(args.file).items():  # every row is checked before anything is written
+        folder = (out / domain).resolve()
+        if folder.parent != out:  # read_prompts accepts only plain names; this guards symlinks too
+            raise DataError(f"domain {domain!r}: its folder {folder} is not directly inside --out {out}")
         path = write_tasks(folder, entry["tasks"], entry["splits"])
         splits = ", ".join(f"{k} {len(v)}" for k, v in entry["splits"].items()) or "none"
         print(f"{domain}: {len(entry['tasks'])} tasks -> {path} (splits: {splits}); "

@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ctu.atomic import atomic_open, atomic_write_text
 from ctu.data.conversations import DataError
 from ctu.domains.base import Domain, Task
 from ctu.env import Episode
 from ctu.users.scripted import ScriptedUser
 
+DOMAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 COLUMNS = ("data_source", "prompt", "env_class", "ability", "reward_spec", "reward_model", "extra_info")
 
 
@@ -82,8 +85,9 @@ def write_prompts(path: str | Path, rows: Sequence[dict[str, Any]]) -> dict[str,
     import pyarrow as pa
 
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(list(rows)), out)
+    table = pa.Table.from_pylist(list(rows))
+    with atomic_open(out, "wb") as handle:  # the previous file stays whole until this one is
+        pq.write_table(table, handle)
     return {"path": str(out), "records": len(rows), "format": "parquet"}
 
 
@@ -113,6 +117,9 @@ def row_task(row: dict[str, Any]) -> tuple[str, Task, str]:
     domain = extra.get("domain") or str(row.get("data_source") or "").removeprefix("ctu/")
     if not domain:
         raise DataError("no extra_info.domain or data_source to name the task's domain")
+    if not DOMAIN_NAME.fullmatch(str(domain)):  # it names a folder under --out: no paths, no '..'
+        raise DataError(f"domain {str(domain)!r} (extra_info.domain or data_source) is not a domain name: "
+                        "letters, digits, '_', '-' and '.' only, not starting with '.'")
     return domain, task, extra.get("split") or ""
 
 
@@ -145,13 +152,16 @@ def read_prompts(path: str | Path) -> dict[str, dict[str, Any]]:
 
 
 def write_tasks(folder: str | Path, tasks: Sequence[Task], splits: dict[str, list[str]]) -> Path:
-    """``folder/tasks.json`` (tau2 entries) and, with splits, ``folder/split_tasks.json``; returns tasks.json."""
+    """``folder/tasks.json`` (tau2 entries) and, with splits, ``folder/split_tasks.json``; returns tasks.json.
+    Each file is replaced whole; a ``split_tasks.json`` left by an earlier import is removed when there are no
+    splits (it would name tasks this file may not hold)."""
     out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tasks.json").write_text(json.dumps([task_to_tau2(t) for t in tasks], indent=1, ensure_ascii=False) + "\n",
-                                    encoding="utf-8")
+    split_file = out / "split_tasks.json"
+    split_file.unlink(missing_ok=True)  # first: a crash in between leaves tasks without splits, never stale ones
+    atomic_write_text(out / "tasks.json",
+                      json.dumps([task_to_tau2(t) for t in tasks], indent=1, ensure_ascii=False) + "\n")
     if splits:
-        (out / "split_tasks.json").write_text(json.dumps(splits, indent=1) + "\n", encoding="utf-8")
+        atomic_write_text(split_file, json.dumps(splits, indent=1) + "\n")
     return out / "tasks.json"
 
 

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ctu.atomic import atomic_open, atomic_write_text
 from ctu.data.conversations import Conversation, DataError, untrained_prefix
 from ctu.transcripts import TranscriptError, check_messages
 
@@ -78,7 +79,9 @@ def to_sharegpt(conversation: Conversation) -> tuple[dict[str, Any], int]:
     for n, turn in enumerate(turns):
         if (turn["from"] in ("human", "observation")) != (n % 2 == 0):
             raise DataError(f"task {conversation.task_id}: sharegpt needs human/observation and gpt/function_call "
-                            f"turns to alternate; turn {n} is {turn['from']}")
+                            f"turns to alternate; turn {n} is {turn['from']} (a user who acts on their own "
+                            "device between turns, as telecom's does, has no sharegpt role); use --format openai, which holds "
+                            "any conversation")
     record = {"conversations": turns, "system": system, "tools": json.dumps(conversation.tools, ensure_ascii=False),
               "opening": opening, "domain": conversation.domain, "task_id": conversation.task_id}
     return record, dropped
@@ -101,22 +104,23 @@ def write_conversations(path: str | Path, conversations: Sequence[Conversation],
     if fmt not in FORMATS:
         raise DataError(f"unknown format '{fmt}' (known: {', '.join(FORMATS)}, parquet for tasks)")
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    dropped = 0
-    with open(out, "w", encoding="utf-8") as f:
-        for conversation in conversations:
-            if fmt == "sharegpt":
-                record, n = to_sharegpt(conversation)
-                dropped += n
-            else:
-                record = to_openai(conversation)
+    records, dropped = [], 0
+    for conversation in conversations:  # every record first: a refused conversation touches no file
+        if fmt == "sharegpt":
+            record, n = to_sharegpt(conversation)
+            dropped += n
+        else:
+            record = to_openai(conversation)
+        records.append(record)
+    with atomic_open(out) as f:  # the previous file stays whole until this one is
+        for record in records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     info: dict[str, Any] = {"path": str(out), "records": len(conversations), "format": fmt}
     if fmt == "sharegpt":
         info_path = out.parent / "dataset_info.json"
         entries = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
         entries[name or out.stem] = dataset_info_entry(out.name)
-        info_path.write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
+        atomic_write_text(info_path, json.dumps(entries, indent=2) + "\n")
         info.update(dataset_info=str(info_path), name=name or out.stem, dropped_texts=dropped)
     return info
 

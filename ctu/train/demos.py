@@ -9,6 +9,7 @@ carry nothing to train on and are left out.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ from ctu.data.conversations import DataError, gold_conversations, gold_turns
 from ctu.env import agent_view
 from ctu.train.update import Sample, to_sample
 
-__all__ = ["conversation_sample", "file_samples", "gold_samples", "gold_turns", "warm_start_samples"]
+__all__ = ["conversation_sample", "file_samples", "fit_context", "gold_samples", "gold_turns", "warm_start_samples"]
 
 
 def conversation_sample(chat, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> Sample:
@@ -52,8 +53,9 @@ def gold_samples(chat, domain, tasks) -> list[Sample]:
     return [conversation_sample(chat, c.messages, c.tools) for c in gold_conversations(domain, list(tasks))]
 
 
-def file_samples(chat, path: str) -> list[Sample]:
-    """Samples of every conversation in an OpenAI chat JSONL or sharegpt file; errors name the file and line."""
+def file_samples(chat, path: str, where: list[str] | None = None) -> list[Sample]:
+    """Samples of every conversation in an OpenAI chat JSONL or sharegpt file; errors name the file and line.
+    ``where``, if given, receives each sample's ``file:line``."""
     from ctu.data.sft import read_conversations
 
     samples = []
@@ -62,12 +64,45 @@ def file_samples(chat, path: str) -> list[Sample]:
             samples.append(conversation_sample(chat, conversation.messages, conversation.tools))
         except ValueError as exc:
             raise DataError(f"{path}:{conversation.extra.get('line')}: {exc}") from None
+        if where is not None:
+            where.append(f"{path}:{conversation.extra.get('line')}")
     return samples
 
 
-def warm_start_samples(chat, domains, sft_data: str | None = None) -> list[Sample]:
+def fit_context(samples: Sequence[Sample], max_tokens: int, source: str,
+                where: Sequence[str]) -> tuple[list[Sample], str | None]:
+    """(the samples of at most ``max_tokens`` tokens, a one-line note counting the dropped ones or None).
+
+    A longer conversation is dropped, not truncated: a rollout never gets that far (``env.max_context_tokens``
+    ends the episode), and a cut conversation would train on an unfinished turn. Nothing left is an error."""
+    kept = [s for s in samples if len(s.ids) <= max_tokens]
+    if len(kept) == len(samples):
+        return list(samples), None
+    longest = max(range(len(samples)), key=lambda i: len(samples[i].ids))
+    note = (f"{source}: dropped {len(samples) - len(kept)} of {len(samples)} conversation(s) longer than "
+            f"env.max_context_tokens={max_tokens} tokens (longest: {len(samples[longest].ids)} tokens at "
+            f"{where[longest]})")
+    if not kept:
+        raise DataError(f"{note}; nothing is left to train on: raise env.max_context_tokens or shorten the data")
+    return kept, note
+
+
+def warm_start_samples(chat, domains, sft_data: str | None = None, max_tokens: int | None = None) -> list[Sample]:
     """The warm start's data: the file ``sft_data`` when given, else every domain's gold demonstrations of its
-    train split (all tasks if it has none)."""
+    train split (all tasks if it has none). With ``max_tokens`` (``env.max_context_tokens``), longer
+    conversations are dropped with one warning line on stderr counting them (see :func:`fit_context`)."""
+    where: list[str] = []
     if sft_data:
-        return file_samples(chat, sft_data)
-    return [s for d in domains for s in gold_samples(chat, d, d.split("train") if "train" in d.splits else d.tasks)]
+        samples, source = file_samples(chat, sft_data, where), f"trainer.sft_data: {sft_data}"
+    else:
+        samples, source = [], "gold demonstrations"
+        for d in domains:
+            tasks = d.split("train") if "train" in d.splits else d.tasks
+            samples += gold_samples(chat, d, tasks)
+            where += [f"{d.name} task {t.id}" for t in tasks]
+    if max_tokens is None:
+        return samples
+    kept, note = fit_context(samples, max_tokens, source, where)
+    if note:
+        print(f"ctu: warning: {note}", file=sys.stderr, flush=True)
+    return kept

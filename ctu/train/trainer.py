@@ -23,7 +23,8 @@ from ctu.evaluate import episode_specs, progress_bar, write_report
 from ctu.metrics import distribution, mean
 from ctu.rl.advantages import informative_groups, scored_advantages
 from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
-from ctu.rollout import EpisodeSpec, Trajectory
+from ctu.rollout import EpisodeSpec, Trajectory, warn_prompt_budget
+from ctu.runlock import RunDirLock
 from ctu.tracking import Tracker, eval_phase, record_eval
 from ctu.train.checkpoint import clean_stale, previous_run, resolve_resume
 from ctu.train.demos import warm_start_samples
@@ -86,6 +87,16 @@ class Trainer:
         hardware = cuda_hardware()
         if hardware is not None:  # on CUDA: refuse what cannot fit before loading anything
             check_fits(config, *hardware)
+        self.lock = RunDirLock(config.run.dir).acquire()  # one writer per run.dir, held until run() ends
+        if self.lock.took_over:
+            print(f"run.dir: {config.run.dir} was locked by a process that died ({self.lock.took_over}); taken over")
+        try:
+            self._setup(config)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _setup(self, config: Config) -> None:
         prepare_run_dir(config)
         self.config = config
         self.run_dir = Path(config.run.dir)
@@ -95,6 +106,7 @@ class Trainer:
         self.group = build_trainer_group(config)
         self.chat = build.build_chat(config, tokenizer=self.group.tokenizer)
         self.domains = build.build_domains(config)
+        warn_prompt_budget(self.chat, self.domains, config.env.max_context_tokens)
         self.user = build.build_user(config)
         self.judge = build.build_judge(config)
         self.engine = None
@@ -249,7 +261,7 @@ class Trainer:
         t = self.config.trainer
         if t.sft_steps <= 0:
             return None
-        demos = warm_start_samples(self.chat, self.domains, t.sft_data)
+        demos = warm_start_samples(self.chat, self.domains, t.sft_data, self.config.env.max_context_tokens)
         from tqdm import tqdm
 
         batches = sft_batches(demos, t.sft_steps, t.sft_batch_size, self.config.run.seed)
@@ -271,8 +283,11 @@ class Trainer:
         try:
             return self._run()
         finally:
-            self.pool.close()  # Ray workers (and a cluster the pool started) go away with the run
-            self.group.close()
+            try:
+                self.pool.close()  # Ray workers (and a cluster the pool started) go away with the run
+                self.group.close()
+            finally:
+                self.lock.release()
 
     def _run(self) -> dict:
         cfg, t = self.config, self.config.trainer

@@ -33,6 +33,7 @@ from ctu.llm_api import (
     ChatClient,
     LLMCallError,
 )
+from ctu.redact import redact_url
 from ctu.users.base import UserSession, UserSimulator, UserSimulatorError
 
 GUIDELINES = """# User simulation guidelines
@@ -254,7 +255,8 @@ class LLMUser(UserSimulator):
             raise UserSimulatorError(str(exc)) from None
 
     def __repr__(self) -> str:
-        return f"LLMUser(model={self.config.model!r}, base_url={self.config.base_url!r}, strategy={self.config.strategy!r})"
+        url = redact_url(self.config.base_url) if self.config.base_url else None
+        return f"LLMUser(model={self.config.model!r}, base_url={url!r}, strategy={self.config.strategy!r})"
 
     def start(self, domain: Domain, task: Task, seed: int = 0) -> LLMUserSession:
         return LLMUserSession(self.client, self.config, task, seed)

@@ -125,3 +125,45 @@ def test_env_tasks_replaces_a_domains_tasks_and_splits(tmp_path):
     bad = write_tasks(tmp_path, chosen, {"test": ["zzz"]})
     with pytest.raises(ValueError, match="split 'test' names task 'zzz'"):
         build_domains(load_config(None, [f"env.tasks.mini={bad}"]))
+
+
+def hostile_rows(domain_name, data_source=None):
+    mini = get_domain("mini")
+    rows = task_rows(mini, mini.split("all")[:3])
+    for row in rows:
+        row["extra_info"]["domain"] = domain_name
+        if data_source is not None:
+            row["data_source"] = data_source
+    return rows
+
+
+@pytest.mark.parametrize("name,source", [("../../escape", None), ("{tmp}/abs", None), ("a/b", None), ("..", None),
+                                         ("", "ctu/../../escape"), ("", "ctu/.")])
+def test_an_import_never_writes_outside_out(tmp_path, capsys, name, source):
+    from ctu.cli import main
+
+    write_prompts(tmp_path / "p.parquet", hostile_rows(name.format(tmp=tmp_path), source))
+    out = tmp_path / "a" / "b" / "out"
+    assert main(["data", "import", str(tmp_path / "p.parquet"), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "row 0: domain" in err and "is not a domain name" in err, err
+    assert [p.name for p in tmp_path.rglob("*")] == ["p.parquet"]  # nothing written anywhere
+
+
+def test_importing_again_replaces_the_splits_of_the_first_import(tmp_path, capsys):
+    from ctu.cli import main
+
+    mini = get_domain("mini")
+    write_prompts(tmp_path / "split.parquet", task_rows(mini, mini.split("all")))
+    rows = task_rows(mini, mini.split("all")[:4])
+    for row in rows:
+        row["extra_info"]["split"] = ""  # a dataset without splits
+    write_prompts(tmp_path / "plain.parquet", rows)
+    out = tmp_path / "out"
+    assert main(["data", "import", str(tmp_path / "split.parquet"), "--out", str(out)]) == 0
+    assert (out / "mini" / "split_tasks.json").is_file()
+    assert main(["data", "import", str(tmp_path / "plain.parquet"), "--out", str(out)]) == 0
+    assert not (out / "mini" / "split_tasks.json").exists()  # a stale one would name tasks no longer there
+    (domain,) = build_domains(load_config(None, [f"env.tasks.mini={out / 'mini' / 'tasks.json'}"]))
+    assert list(domain.tasks) == mini.split("all")[:4] and domain.split("all") == mini.split("all")[:4]
+    assert sorted(p.name for p in (out / "mini").iterdir()) == ["tasks.json"]  # no temporaries left

@@ -84,7 +84,8 @@ def _price_difference(db: DBView, order: dict, item_ids: list[str], new_item_ids
 
 
 def _address(address1, address2, city, state, country, zip) -> dict:
-    return {"address1": address1, "address2": address2, "city": city, "state": state, "country": country, "zip": zip}
+    # tau2's UserAddress field order (its model_dump is what the agent reads): country before state
+    return {"address1": address1, "address2": address2, "city": city, "country": country, "state": state, "zip": zip}
 
 
 # -- tools --------------------------------------------------------------------------------
