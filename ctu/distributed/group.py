@@ -116,6 +116,12 @@ class TrainerGroup(ABC):
     @abstractmethod
     def export(self, out_dir: Path, base_path: str) -> dict[str, str]: ...
 
+    def release_memory(self) -> None:
+        """Give freed host memory back and empty the CUDA cache (before a colocated engine starts or wakes)."""
+        from ctu.train.update import release_memory
+
+        release_memory()
+
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 

@@ -69,7 +69,13 @@ class TrainerRank:
         self.optimizer, self.scheduler = build_optimizer(self.policy, self.config.trainer)
         self.reduce = make_reduce(device=device)
         self.rebased: dict[str, torch.Tensor] = {}
+        self.release_memory()  # the full-precision load's cache, before a colocated engine starts
         return os.getpid()
+
+    def release_memory(self) -> None:
+        from ctu.train.update import release_memory
+
+        release_memory()
 
     def pid(self) -> int:
         return os.getpid()
@@ -257,6 +263,9 @@ class RayTrainerGroup(TrainerGroup):
                 on_step(loss)
         self._all("rebase_reference")
         return loss
+
+    def release_memory(self) -> None:
+        self._all("release_memory")
 
     def merged_weights(self):
         return self._all("merged_weights", what="the weight sync")[0].items()

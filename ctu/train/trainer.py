@@ -91,6 +91,7 @@ class Trainer:
         torch.manual_seed(config.run.seed)
         random.seed(config.run.seed)
         self.group = build_trainer_group(config)
+        self.group.release_memory()  # what building the policy cached, before an engine starts beside it
         self.chat = build.build_chat(config, tokenizer=self.group.tokenizer)
         self.domains = build.build_domains(config)
         self.user = build.build_user(config)
@@ -257,6 +258,7 @@ class Trainer:
             bar.set_postfix(loss=f"{loss:.3f}")
             bar.update()
 
+        self.sync.before_update()  # a colocated engine sleeps through the warm start as through an update
         try:
             loss = self.group.sft(demos, batches, on_step=on_step)  # then the KL reference is the warm-started policy
         finally:
