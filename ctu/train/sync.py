@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from ctu.config import Config
+from ctu.config import Config, weight_sync_mode
 from ctu.engines.parity import check_parity
 from ctu.train.weights import hf_name
 
@@ -58,7 +58,7 @@ class WeightSync:
         self.pool.wake_up()
         self.version = version
         if not self.shares_model:
-            if self.config.engine.weight_sync == "adapter":
+            if weight_sync_mode(self.config) == "adapter":
                 if self.base_changed:  # e.g. after the warm start was merged into the base (rebase_reference)
                     self.pool.update_weights(self.group.base_weights(), version)
                 self.pool.update_adapter(self.group.adapter_weights(), version)
