@@ -215,7 +215,8 @@ def gathered_named_tensors(policy: Policy, dtype: torch.dtype | None = None,
                 tensor = params[name].detach()
                 if name in deltas:
                     tensor = tensor.to(torch.float32) + deltas[name]
-                out.append((target, (tensor if dtype is None else tensor.to(dtype)).clone()))
+                tensor = tensor if dtype is None else tensor.to(dtype)  # a cast or a merge is already a copy
+                out.append((target, tensor.clone() if tensor.data_ptr() == params[name].data_ptr() else tensor))
         if mine:
             yield from out
 
