@@ -40,8 +40,9 @@ micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
   base copy + fp32 delta + compute-dtype result) or one weight's cast, a sharded policy's one gathered unit, or
   the fp32 adapter (engine.weight_sync=adapter, whose vLLM also keeps one adapter's bf16 LoRA slots out of
   its fraction). The trainer empties its CUDA cache before vLLM starts or wakes, so nothing it freed counts.
-- autocast (one process, compute dtype below fp32): one autocast region over a forward caches a cast of every
-  fp32 weight it uses (b x trainable).
+- autocast (one process, compute dtype below fp32, no cast cache: :mod:`ctu.engines.precision`): casts of the
+  fp32 weights live as long as their use; without checkpointing backward saves them all (b x trainable), with
+  it one at a time (the largest: lm_head, b V h).
 
 Peak = max(training, rollout, weight sync phase); weight sync = rollout + its transient; training = persistent (weights, reference, optimizer state) +
 gradients + max(activations + logit chunk + FSDP buffers, optimizer-step temporary) + vLLM (asleep or awake);
@@ -263,11 +264,12 @@ def plan(config, gpus: int = 1, gpu_memory_gb: float = 80.0, device: str = "cuda
     if n > 1:
         root = a.vocab * a.hidden * (1 if a.tied else 2)
         parts["FSDP2 gather buffers"] = b * (root + 2 * (p - root) // a.layers)
-    if n == 1 and b < 4:  # one autocast region over the forward caches a cast of every fp32 weight it uses
-        parts["autocast cached casts (compute dtype)"] = b * trainable
+    if n == 1 and b < 4:  # autocast casts of fp32 weights (no cast cache): saved for backward, or one at a time
+        casts = b * (a.vocab * a.hidden if not lora else trainable // a.layers)
+        parts["autocast casts (compute dtype)"] = casts if t.gradient_checkpointing else b * trainable
     step_temp = 4 * trainable // n if cuda else 4 * (a.vocab * a.hidden if not lora else trainable // a.layers)
     forward = parts[next(k for k in parts if k.startswith("activations"))] + parts["logit chunk"]
-    forward += parts.get("FSDP2 gather buffers", 0) + parts.get("autocast cached casts (compute dtype)", 0)
+    forward += parts.get("FSDP2 gather buffers", 0) + parts.get("autocast casts (compute dtype)", 0)
     notes, problems = [], []
     train = persistent + parts["gradients (fp32)"] + max(forward, step_temp)
     rollout = persistent + parts["gradients (fp32)"]
