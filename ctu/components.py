@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ctu.config import Config
+from ctu.config import Config, weight_sync_mode
 from ctu.domains import get_domain
 from ctu.domains.base import Domain
 from ctu.engines.base import SamplingParams
@@ -57,7 +57,7 @@ def build_engine(config: Config, model=None, tokenizer=None):
                            api_key_env=config.engine.api_key_env)
     return make_engine("vllm", model_path=config.model.path,
                        gpu_memory_utilization=config.engine.gpu_memory_utilization, seed=config.run.seed,
-                       max_model_len=config.env.max_context_tokens, enable_lora=config.engine.weight_sync == "adapter",
+                       max_model_len=config.env.max_context_tokens, enable_lora=weight_sync_mode(config) == "adapter",
                        max_lora_rank=config.lora.rank, lora_alpha=config.lora.alpha, sampling_temperature=config.sampling.temperature,
                        sampling_top_p=config.sampling.top_p)
 

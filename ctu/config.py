@@ -44,7 +44,9 @@ class EngineConfig:
     # the run stops when the largest per-token logprob difference exceeds this.
     parity_tolerance: float = 0.1  # bf16 engines differ from the trainer by ~1e-2; stale weights by far more
     parity_probe_tokens: int = 16
-    weight_sync: Literal["merged", "adapter"] = "merged"  # vllm: merged HF weights, or the LoRA adapter (new id per version)
+    # vllm: merged HF weights, or the LoRA adapter (new id per version); auto: the adapter for LoRA on vLLM
+    # without Ray rollout workers, else merged (see weight_sync_mode)
+    weight_sync: Literal["auto", "merged", "adapter"] = "auto"
     colocated: bool = True  # vllm shares the GPU with the trainer: sleep during updates, wake for rollouts
     kv_reuse: bool = True  # hf: keep each episode's KV cache across its turns (false: prefill every prompt whole)
     kv_cache_tokens: int = 32768  # hf: at most this many tokens' KV kept between calls (least recently used dropped)
@@ -228,6 +230,16 @@ class Config:
     def problems(self) -> list[str]:
         """Every value problem, one line each naming its key (the checks live in ``ctu.config_checks``)."""
         return config_problems(self)
+
+
+def weight_sync_mode(config: Config) -> Literal["merged", "adapter"]:
+    """What a weight sync sends: ``engine.weight_sync``, or for ``auto`` the LoRA adapter when a LoRA run syncs
+    an in-process vLLM engine (no merged copy of the model per sync), merged weights otherwise."""
+    mode = config.engine.weight_sync
+    if mode != "auto":
+        return mode
+    adapter = config.engine.kind == "vllm" and config.lora.enabled and not config.distributed.rollout_workers
+    return "adapter" if adapter else "merged"
 
 
 # ------------------------------------------------------------------------------------

@@ -133,7 +133,7 @@ def _update_problems(config: Config) -> list[str]:
     d = config.distributed
     if d.rollout_workers < 0:
         out.append(f"distributed.rollout_workers: must be >= 0, got {d.rollout_workers}")
-    if d.rollout_workers and (e.kind != "hf" or e.weight_sync != "merged"):
+    if d.rollout_workers and (e.kind != "hf" or e.weight_sync == "adapter"):
         out.append("distributed.rollout_workers: Ray rollout workers run the hf engine with merged weights "
                    "(engine.kind=hf, engine.weight_sync=merged)")
     if d.trainer_workers < 0:

@@ -36,7 +36,15 @@ micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
 - hf engine: rollouts run on the policy itself; its KV cache is bounded by max_batch_size x max_context_tokens.
 - overhead: the trainer's CUDA context (CUDA_CONTEXT) + 5% of the trainer's allocations for fragmentation.
 
-Peak = max(training phase, rollout phase); training = persistent (weights, reference, optimizer state) +
+- weight sync (:func:`sync_transient`), with the engine awake: the merged stream's one LoRA module merge (fp32
+  base copy + fp32 delta + compute-dtype result) or one weight's cast, a sharded policy's one gathered unit, or
+  the fp32 adapter (engine.weight_sync=adapter, whose vLLM also keeps one adapter's bf16 LoRA slots out of
+  its fraction). The trainer empties its CUDA cache before vLLM starts or wakes, so nothing it freed counts.
+- autocast (one process, compute dtype below fp32, no cast cache: :mod:`ctu.engines.precision`): casts of the
+  fp32 weights live as long as their use; without checkpointing backward saves them all (b x trainable), with
+  it one at a time (the largest: lm_head, b V h).
+
+Peak = max(training, rollout, weight sync phase); weight sync = rollout + its transient; training = persistent (weights, reference, optimizer state) +
 gradients + max(activations + logit chunk + FSDP buffers, optimizer-step temporary) + vLLM (asleep or awake);
 rollout = persistent + gradients (they stay allocated until the next ``zero_grad``) + engine.
 """
@@ -48,6 +56,8 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ctu.config import weight_sync_mode
 
 GiB = 1 << 30
 LOGIT_BUDGET = 1 << 25  # = ctu.train.logprobs.LOGIT_BUDGET (checked by a unit test; not imported: no torch here)
@@ -150,6 +160,26 @@ def kv_bytes_per_token(a: Arch, b: int = 2) -> int:
     return 2 * a.layers * a.kv_heads * a.hd * b
 
 
+def sync_transient(a: Arch, config, b: int, n: int, trainable: int) -> tuple[str, int]:
+    """(label, bytes) a weight sync allocates on the trainer's GPU while the engine is awake (0: the in-process hf
+    engine shares the policy's weights). The merged stream (:func:`ctu.train.weights.merged_named_tensors`) holds
+    one LoRA module's merge (fp32 base copy + fp32 delta + the result in the compute dtype) or one fp32 weight's
+    cast; a sharded policy gathers one unit (decoder layer or root) at a time; the adapter goes out whole, fp32."""
+    if config.engine.kind != "vllm" and not config.distributed.rollout_workers:
+        return "", 0
+    if weight_sync_mode(config) == "adapter":
+        return "weight sync (LoRA adapter, fp32)", 4 * trainable
+    root = a.vocab * a.hidden * (1 if a.tied else 2)
+    unit = max(root, (parameter_count(a) - root) // a.layers)
+    if config.lora.enabled:
+        largest = max(i * o for t, (i, o) in _module_shapes(a).items() if t in config.lora.target_modules)
+        gathered = b * unit if n > 1 else 0
+        return "weight sync (one LoRA module's merge)", (8 + b) * largest + gathered
+    if n > 1:
+        return "weight sync (one gathered unit, fp32 + cast)", (4 + b) * unit
+    return "weight sync (one weight's cast)", b * a.vocab * a.hidden
+
+
 @dataclass
 class Plan:
     """Bytes per GPU for each part; ``fits`` when the peak phase is within ``gpu_memory``."""
@@ -165,10 +195,11 @@ class Plan:
     rollout_total: int = 0
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # what does not fit, and by how much
+    sync_total: int = 0  # the weight sync: rollout-phase memory (engine awake) + the sync's transient
 
     @property
     def total(self) -> int:
-        return max(self.train_total, self.rollout_total)
+        return max(self.train_total, self.rollout_total, self.sync_total)
 
     @property
     def fits(self) -> bool:
@@ -184,6 +215,7 @@ class Plan:
         lines.append(f"  ({other:<42}{gib(value)})")
         lines += [f"{'training phase (peak)':<46}{gib(self.train_total)}",
                   f"{'rollout phase (peak)':<46}{gib(self.rollout_total)}",
+                  f"{'weight sync phase (peak)':<46}{gib(self.sync_total)}",
                   f"{'GPU memory':<46}{gib(self.gpu_memory)}"]
         lines += [f"note: {n}" for n in self.notes]
         lines.append("fits" if self.fits else "DOES NOT FIT: " + "; ".join(self.problems))
@@ -235,9 +267,12 @@ def plan(config, gpus: int = 1, gpu_memory_gb: float = 80.0, device: str = "cuda
     if n > 1:
         root = a.vocab * a.hidden * (1 if a.tied else 2)
         parts["FSDP2 gather buffers"] = b * (root + 2 * (p - root) // a.layers)
+    if n == 1 and b < 4:  # autocast casts of fp32 weights (no cast cache): saved for backward, or one at a time
+        casts = b * (a.vocab * a.hidden if not lora else trainable // a.layers)
+        parts["autocast casts (compute dtype)"] = casts if t.gradient_checkpointing else b * trainable
     step_temp = 4 * trainable // n if cuda else 4 * (a.vocab * a.hidden if not lora else trainable // a.layers)
     forward = parts[next(k for k in parts if k.startswith("activations"))] + parts["logit chunk"]
-    forward += parts.get("FSDP2 gather buffers", 0)
+    forward += parts.get("FSDP2 gather buffers", 0) + parts.get("autocast casts (compute dtype)", 0)
     notes, problems = [], []
     train = persistent + parts["gradients (fp32)"] + max(forward, step_temp)
     rollout = persistent + parts["gradients (fp32)"]
@@ -246,7 +281,10 @@ def plan(config, gpus: int = 1, gpu_memory_gb: float = 80.0, device: str = "cuda
         fraction = int(config.engine.gpu_memory_utilization * memory)
         parts["vLLM weights (bf16)"] = 2 * p
         parts["vLLM profiling peak"] = GiB + VLLM_BATCHED_TOKENS * (4 * a.intermediate + 4 * a.hidden) * 2
+        if lora and weight_sync_mode(config) == "adapter":  # enable_lora: one adapter's slots (max_loras=1)
+            parts["vLLM LoRA slots (bf16)"] = 2 * trainable
         kv = fraction - parts["vLLM weights (bf16)"] - parts["vLLM profiling peak"]
+        kv -= parts.get("vLLM LoRA slots (bf16)", 0)
         parts["vLLM KV cache"] = max(0, kv)
         need_kv = kv_bytes_per_token(a) * config.env.max_context_tokens
         if kv < need_kv:
@@ -272,16 +310,24 @@ def plan(config, gpus: int = 1, gpu_memory_gb: float = 80.0, device: str = "cuda
             parts["hf engine KV kept across turns (engine.kv_cache_tokens)"] = (kv_bytes_per_token(a, b)
                                                                                 * config.engine.kv_cache_tokens)
             rollout += parts["hf engine KV kept across turns (engine.kv_cache_tokens)"]
+    label, transient = sync_transient(a, config, b, n, trainable)
+    if transient:
+        parts[label] = transient
+    sync = rollout + transient  # the engine is awake (woken after empty_cache) while the weights arrive
+    if kind == "vllm" and cuda:
+        notes.append("the trainer empties its CUDA cache (torch.cuda.empty_cache) before vLLM starts or wakes: "
+                     "what the trainer freed is not counted beside vLLM's fraction")
     context = CUDA_CONTEXT if cuda else 0
-    train, rollout = (int(x * (1 + FRAGMENTATION)) + context for x in (train, rollout))
-    parts["overhead (context, fragmentation)"] = context + int(FRAGMENTATION * max(train, rollout) / (1 + FRAGMENTATION))
-    for phase, total in (("training", train), ("rollout", rollout)):
+    train, rollout, sync = (int(x * (1 + FRAGMENTATION)) + context for x in (train, rollout, sync))
+    parts["overhead (context, fragmentation)"] = context + int(FRAGMENTATION * max(train, rollout, sync)
+                                                               / (1 + FRAGMENTATION))
+    for phase, total in (("training", train), ("rollout", rollout), ("weight sync", sync)):
         if total > memory:
             problems.insert(0, f"{phase} phase needs {total / GiB:.1f} GiB per GPU, {gpus} x {gpu_memory_gb:g} "
                                f"GiB has {memory / GiB:.1f} (short by {(total - memory) / GiB:.1f} GiB)")
     if n > 1 and not getattr(getattr(config, "distributed", None), "trainer_workers", 0):
         notes.append(f"{n} GPUs assume FSDP2 FULL_SHARD over {n} trainer ranks")
-    return Plan(config.model.path, gpus, memory, p, trainable, parts, other, train, rollout, notes, problems)
+    return Plan(config.model.path, gpus, memory, p, trainable, parts, other, train, rollout, notes, problems, sync)
 
 
 def check_fits(config, gpus: int = 1, gpu_memory_gb: float = 80.0) -> Plan:

@@ -32,7 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ctu.train.logprobs import COMPUTE_DTYPE_ATTR
+from ctu.engines.precision import COMPUTE_DTYPE_ATTR
 from ctu.train.policy import Policy
 from ctu.train.weights import hf_name, lora_modules
 
@@ -109,7 +109,8 @@ def shard_policy(policy: Policy, mesh_or_group=None, compute_dtype: torch.dtype 
     compute = compute_dtype or policy.compute_dtype
     if any(p.requires_grad and p.dtype != torch.float32 for p in policy.model.parameters()):
         raise TypeError("shard_policy: trainable parameters must be fp32 masters (build_policy's layout)")
-    device_type = policy.device.type
+    device = policy.device  # where the model was built: the compute device, also once shards are offloaded
+    device_type = device.type
     mesh = _mesh(mesh_or_group, device_type)
     mp = MixedPrecisionPolicy(param_dtype=None if compute == torch.float32 else compute,
                               reduce_dtype=torch.float32)
@@ -121,6 +122,7 @@ def shard_policy(policy: Policy, mesh_or_group=None, compute_dtype: torch.dtype 
     if policy.reference is not None:
         _shard(policy.reference, mesh, mp, offload)
     policy.compute_dtype = compute
+    policy.compute_device = device  # cpu_offload: parameters on the CPU, inputs still go to the mesh's device
     return policy
 
 
@@ -136,7 +138,15 @@ def _reshard(model: nn.Module) -> None:
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    """The whole tensor of a sharded parameter; an offloaded (CPU) shard of a mesh on another device is moved
+    there first (NCCL gathers device tensors only)."""
+    if not isinstance(t, DTensor):
+        return t
+    mesh_type = t.device_mesh.device_type
+    if t.device.type != mesh_type:
+        t = DTensor.from_local(t.to_local().to(mesh_type), t.device_mesh, t.placements, shape=t.shape,
+                               stride=t.stride())
+    return t.full_tensor()
 
 
 @contextlib.contextmanager
@@ -215,7 +225,8 @@ def gathered_named_tensors(policy: Policy, dtype: torch.dtype | None = None,
                 tensor = params[name].detach()
                 if name in deltas:
                     tensor = tensor.to(torch.float32) + deltas[name]
-                out.append((target, (tensor if dtype is None else tensor.to(dtype)).clone()))
+                tensor = tensor if dtype is None else tensor.to(dtype)  # a cast or a merge is already a copy
+                out.append((target, tensor.clone() if tensor.data_ptr() == params[name].data_ptr() else tensor))
         if mine:
             yield from out
 

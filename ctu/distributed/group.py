@@ -92,7 +92,8 @@ class TrainerGroup(ABC):
 
     @abstractmethod
     def merged_weights(self) -> NamedTensors:
-        """Every weight, Hugging Face names, LoRA merged in fp32 (what a full sync sends)."""
+        """Every weight, Hugging Face names, LoRA merged in fp32 and cast once to the compute dtype (what a full
+        sync sends): an iterable to consume one tensor at a time."""
 
     @abstractmethod
     def base_weights(self) -> NamedTensors:
@@ -115,6 +116,12 @@ class TrainerGroup(ABC):
 
     @abstractmethod
     def export(self, out_dir: Path, base_path: str) -> dict[str, str]: ...
+
+    def release_memory(self) -> None:
+        """Give freed host memory back and empty the CUDA cache (before a colocated engine starts or wakes)."""
+        from ctu.train.update import release_memory
+
+        release_memory()
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
@@ -163,7 +170,7 @@ class LocalTrainer(TrainerGroup):
         return loss
 
     def merged_weights(self):
-        return self.policy.merged_named_tensors()
+        return self.policy.merged_named_tensors(self.policy.compute_dtype)  # a stream, cast once to bf16 on CUDA
 
     def base_weights(self):
         from ctu.train.sync import base_named_tensors

@@ -5,8 +5,8 @@ A call's episodes are split into contiguous chunks, one per live worker, sent as
 keys with the chunk's start index: episode ``i`` is seeded ``seed + i`` on any worker (see
 :mod:`ctu.distributed.pool`), so the Ray pool samples what the in-process pool samples.
 
-Weights: ``update_weights`` puts the merged tensors in the object store once (``ray.put``) and every worker
-loads that one object. The pool keeps the last reference and version; every ``run`` carries them, and a
+Weights: ``update_weights`` puts the merged tensors in the object store once (``ray.put``, in the compute
+dtype, one host copy: :mod:`ctu.distributed.transfer`) and every worker loads that one object. The pool keeps the last reference and version; every ``run`` carries them, and a
 worker whose version differs (a restarted one) loads them before it plays anything.
 
 Faults: workers restart (``max_restarts``). A chunk whose worker died is re-run once on the restarted worker;
@@ -80,8 +80,12 @@ class RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def load_weights(self, weights: dict, version: int) -> int:
-        self.engine.update_weights(weights.items())
+    def load_weights(self, weights, version: int) -> int:
+        """``weights``: :class:`~ctu.distributed.transfer.Packed` (views of the object store's memory, copied once,
+        into the engine's parameters) or a mapping of tensors."""
+        from ctu.distributed.transfer import Packed, unpack
+
+        self.engine.update_weights(unpack(weights) if isinstance(weights, Packed) else weights.items())
         self.version = version
         return version
 
@@ -258,10 +262,17 @@ class RayPool(RolloutPool):
         return False
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        """``ray.put`` the weights once; every live worker loads that object. A worker that died meanwhile
-        is skipped here: Ray restarts it and its next call loads these weights first."""
+        """Put the weights in the object store once, in the compute dtype (:mod:`ctu.distributed.transfer`: one
+        host copy, out-of-band buffers); weights trainer rank 0 already put (a ``PackedRef``) are passed on as
+        they are. Every live worker loads that object. A worker that died meanwhile is skipped here: Ray
+        restarts it and its next call loads these weights first."""
+        from ctu.distributed.transfer import PackedRef, pack, wire_dtype
+
         ray = _import_ray()
-        self.weights_ref = ray.put({name: _cpu(tensor) for name, tensor in named_tensors})
+        if isinstance(named_tensors, PackedRef):
+            self.weights_ref = named_tensors.ref
+        else:
+            self.weights_ref = ray.put(pack(named_tensors, wire_dtype(self.config)))
         self.version = version
         self._broadcast("load_weights", self.weights_ref, version, tolerate_deaths=True)
 
@@ -317,9 +328,3 @@ class RayPool(RolloutPool):
             ray.shutdown()
             self.started_ray = False
 
-
-def _cpu(tensor):
-    import torch
-
-    t = torch.as_tensor(tensor).detach()
-    return t.to("cpu").contiguous() if t.device.type != "cpu" else t.contiguous()

@@ -72,7 +72,13 @@ class TrainerRank:
         self.optimizer, self.scheduler = build_optimizer(self.policy, self.config.trainer)
         self.reduce = make_reduce(device=device)
         self.rebased: dict[str, torch.Tensor] = {}
+        self.release_memory()  # the full-precision load's cache, before a colocated engine starts
         return os.getpid()
+
+    def release_memory(self) -> None:
+        from ctu.train.update import release_memory
+
+        release_memory()
 
     def pid(self) -> int:
         return os.getpid()
@@ -108,11 +114,17 @@ class TrainerRank:
         self.sft_optimizer = None
         self.rebased.update(rebase_sharded_reference(self.policy))
 
-    def merged_weights(self) -> dict | None:
-        from ctu.distributed.fsdp import gathered_named_tensors
+    def merged_weights(self) -> list | None:
+        """Rank 0: ``[ref]`` of the merged weights it put in the object store, packed in the compute dtype (one
+        host copy, :mod:`ctu.distributed.transfer`); the driver passes the ref on without fetching it."""
+        import ray
 
-        out = {n: t.cpu() for n, t in gathered_named_tensors(self.policy)}
-        return out if self.rank == 0 else None
+        from ctu.distributed.fsdp import gathered_named_tensors
+        from ctu.distributed.transfer import pack
+
+        dtype = self.policy.compute_dtype
+        packed = pack(gathered_named_tensors(self.policy, dtype=dtype), dtype)  # every rank gathers; rank 0 keeps
+        return [ray.put(packed)] if self.rank == 0 else None
 
     def base_weights(self) -> dict | None:
         from ctu.distributed.reference import gathered_base_tensors
@@ -280,8 +292,13 @@ class RayTrainerGroup(TrainerGroup):
         self._all("rebase_reference")
         return loss
 
+    def release_memory(self) -> None:
+        self._all("release_memory")
+
     def merged_weights(self):
-        return self._all("merged_weights", what="the weight sync")[0].items()
+        from ctu.distributed.transfer import PackedRef
+
+        return PackedRef(self._all("merged_weights", what="the weight sync")[0][0])
 
     def base_weights(self):
         return self._all("base_weights", what="the weight sync")[0].items()

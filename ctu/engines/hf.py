@@ -22,6 +22,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from ctu.engines import kv_reuse as kvr
 from ctu.engines.base import Completion, Engine, SamplingParams
+from ctu.engines.precision import compute_context
 from ctu.shared_prefix import prefill
 
 
@@ -126,12 +127,13 @@ class HFEngine(Engine):
             self.model.eval()
             try:
                 self._tidy_cache()
-                for start in range(0, len(rows), self.max_batch_size):
-                    chunk = rows[start:start + self.max_batch_size]
-                    gens = generator[start:start + self.max_batch_size] if isinstance(generator, list) else generator
-                    for (i, _), completion in zip(chunk, self._generate_batch([p for _, p in chunk], params, gens),
-                                                  strict=True):
-                        results[i].append(completion)
+                with compute_context(self.model):  # the trainer's compute dtype when the policy's model is shared
+                    for start in range(0, len(rows), self.max_batch_size):
+                        chunk = rows[start:start + self.max_batch_size]
+                        gens = generator[start:start + self.max_batch_size] if isinstance(generator, list) else generator
+                        for (i, _), completion in zip(chunk, self._generate_batch([p for _, p in chunk], params, gens),
+                                                      strict=True):
+                            results[i].append(completion)
             finally:
                 self.model.train(was_training)
         return results

@@ -12,24 +12,13 @@ see :func:`compute_context`), so callers need not wrap them.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ctu.engines.precision import COMPUTE_DTYPE_ATTR, compute_context  # noqa: F401 - re-exported
 from ctu.shared_prefix import needed_hidden, needed_logits
 
 LOGIT_BUDGET = 1 << 25  # fp32 logit elements per chunk (128 MiB), unless ``chunk`` says otherwise
-COMPUTE_DTYPE_ATTR = "ctu_compute_dtype"
-
-
-def compute_context(model: torch.nn.Module):
-    """Autocast to the model's compute dtype when it has one below fp32 (set by ``build_policy``)."""
-    dtype = getattr(model, COMPUTE_DTYPE_ATTR, None)
-    if dtype is None or dtype == torch.float32:
-        return contextlib.nullcontext()
-    device = next(model.parameters()).device.type
-    return torch.autocast(device_type=device, dtype=dtype)
 
 
 def body_and_head(model: torch.nn.Module):

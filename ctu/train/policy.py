@@ -54,10 +54,13 @@ class Policy:
     reference: torch.nn.Module | None = None  # full fine-tuning only
     compute_dtype: torch.dtype = torch.float32
     _rebased: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # LoRA: base weights changed
+    compute_device: torch.device | None = None  # where forwards run, when parameters live elsewhere (offload)
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where inputs go: the compute device (FSDP2 with CPU offload keeps the parameters on the CPU and
+        computes on the mesh's device), else the parameters' device."""
+        return self.compute_device or next(self.model.parameters()).device
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

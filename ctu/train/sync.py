@@ -1,7 +1,8 @@
 """Trainer -> engine weight sync, and the parity probe that proves the engine uses the new weights.
 
 Order around an update (what vLLM needs when it shares the GPU with the trainer): ``before_update`` puts a
-colocated engine to sleep (frees its KV cache and weights); ``after_update`` wakes it, sends the new
+colocated engine to sleep (frees its KV cache and weights); ``after_update`` empties the trainer's CUDA cache,
+wakes the engine, sends the new
 weights (merged Hugging Face tensors, or the LoRA adapter under a new id per version), and then scores a
 fixed probe with the engine and with the trainer. The largest per-token logprob difference is logged as
 ``sync/logprob_max_abs_diff``; above ``engine.parity_tolerance`` the run stops with a clear error.
@@ -13,7 +14,7 @@ import time
 
 import torch
 
-from ctu.config import Config
+from ctu.config import Config, weight_sync_mode
 from ctu.engines.parity import check_parity
 from ctu.train.weights import hf_name
 
@@ -53,10 +54,11 @@ class WeightSync:
         """Wake, send the weights of policy ``version`` (the global step), probe parity; this sync's metrics
         (``seconds`` belongs with the step's timings, the rest is deterministic)."""
         started = time.perf_counter()
+        self.group.release_memory()  # the trainer's cached CUDA memory back before vLLM (outside torch's cache) wakes
         self.pool.wake_up()
         self.version = version
         if not self.shares_model:
-            if self.config.engine.weight_sync == "adapter":
+            if weight_sync_mode(self.config) == "adapter":
                 if self.base_changed:  # e.g. after the warm start was merged into the base (rebase_reference)
                     self.pool.update_weights(self.group.base_weights(), version)
                 self.pool.update_adapter(self.group.adapter_weights(), version)

@@ -104,6 +104,7 @@ class Trainer:
         random.seed(config.run.seed)
         preflight(config)  # Ray set-ups that cannot work fail here, before any model is loaded
         self.group = build_trainer_group(config)
+        self.group.release_memory()  # what building the policy cached, before an engine starts beside it
         self.chat = build.build_chat(config, tokenizer=self.group.tokenizer)
         self.domains = build.build_domains(config)
         warn_prompt_budget(self.chat, self.domains, config.env.max_context_tokens)
@@ -271,6 +272,7 @@ class Trainer:
             bar.set_postfix(loss=f"{loss:.3f}")
             bar.update()
 
+        self.sync.before_update()  # a colocated engine sleeps through the warm start as through an update
         try:
             loss = self.group.sft(demos, batches, on_step=on_step)  # then the KL reference is the warm-started policy
         finally:

@@ -1,8 +1,8 @@
 """Weights leaving (or re-entering) the trainer: names, LoRA merging, export, what a sync sends.
 
 Weights leave the trainer with plain Hugging Face names, as vLLM and ``from_pretrained`` load them.
-LoRA deltas are merged in fp32 (the base weight cast up, plus the fp32 delta of the fp32 adapters) and
-cast once, to the receiver's dtype: merging in bf16 would round away the small updates that the fp32
+LoRA deltas are merged in fp32 (the base weight cast up, plus the fp32 delta of the fp32 adapters), one module
+at a time (a stream, never every delta at once), and cast once, to the receiver's dtype: merging in bf16 would round away the small updates that the fp32
 master adapters carry (a bf16 weight near 0.02 has a spacing of ~1e-4; a step at lr 3e-7 is far below it).
 """
 
@@ -39,15 +39,24 @@ def lora_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]
             yield name, module
 
 
+def module_delta(module: torch.nn.Module) -> torch.Tensor | None:
+    """fp32 delta weight of one LoRA layer, summed over its active adapters (None: no active adapter)."""
+    delta = None
+    for adapter in module.active_adapters:
+        if adapter in module.lora_A:
+            d = module.get_delta_weight(adapter).detach().to(torch.float32)
+            delta = d if delta is None else delta + d
+    return delta
+
+
 def lora_deltas(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """fp32 delta weight per base-layer parameter (PEFT name), summed over the active adapters."""
+    """fp32 delta weight per base-layer parameter (PEFT name), summed over the active adapters (every delta at
+    once: for rebasing and tests; a sync streams them, :func:`merged_named_tensors`)."""
     deltas: dict[str, torch.Tensor] = {}
     for name, module in lora_modules(model):
-        for adapter in module.active_adapters:
-            if adapter in module.lora_A:
-                delta = module.get_delta_weight(adapter).detach().to(torch.float32)
-                key = f"{name}.base_layer.weight"
-                deltas[key] = deltas[key] + delta if key in deltas else delta
+        delta = module_delta(module)
+        if delta is not None:
+            deltas[f"{name}.base_layer.weight"] = delta
     return deltas
 
 
@@ -55,37 +64,51 @@ def merged_named_tensors(model: torch.nn.Module, lora: bool,
                          dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Every weight with its Hugging Face name, LoRA deltas merged in fp32, then cast once to ``dtype``.
 
-    ``dtype=None`` sends fp32 for merged (and fp32 master) weights and frozen weights as stored: the
-    receiver casts once to its own dtype (``HFEngine.update_weights`` / vLLM ``load_weights`` do).
+    A stream: each LoRA layer's delta is computed when its weight comes up and merged in place into one fp32
+    copy of the base, so at most one module's merge is alive beside the tensor handed out (a consumer that
+    drops each tensor keeps the sync's extra memory at one layer). ``dtype=None`` sends fp32 for merged (and
+    fp32 master) weights and frozen weights as stored: the receiver casts once to its own dtype
+    (``HFEngine.update_weights`` / vLLM ``load_weights`` do); a sync passes the compute dtype (bf16 on CUDA).
     """
     if not lora:
         for name, p in model.named_parameters():
             yield name, p.detach() if dtype is None else p.detach().to(dtype)
         return
-    with torch.no_grad():
-        deltas = lora_deltas(model)
-        for name, param in model.named_parameters():
-            target = hf_name(name)
-            if target is None:
-                continue
-            if name in deltas:
-                tensor = param.detach().to(torch.float32) + deltas[name]
-            else:
-                tensor = param.detach()
-            yield target, tensor if dtype is None else tensor.to(dtype)
+    modules = {f"{name}.base_layer.weight": module for name, module in lora_modules(model)}
+    for name, param in model.named_parameters():
+        target = hf_name(name)
+        if target is None:
+            continue
+        with torch.no_grad():
+            tensor = param.detach()
+            delta = module_delta(modules[name]) if name in modules else None
+            if delta is not None:
+                merged = tensor.to(torch.float32, copy=True)
+                merged += delta
+                del delta
+                tensor = merged if dtype is None else merged.to(dtype)
+                del merged
+            elif dtype is not None:
+                tensor = tensor.to(dtype)
+        yield target, tensor
+        del tensor
 
 
 def absorb_lora(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Merge every active LoRA delta into its frozen base weight (fp32 sum, one cast to the base's dtype)
     and reset the adapter to the identity (lora_B = 0). Returns the changed base weights by PEFT name."""
     changed: dict[str, torch.Tensor] = {}
-    deltas = lora_deltas(model)
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for name, delta in deltas.items():
+        for module_name, module in lora_modules(model):  # one module's fp32 delta at a time
+            delta = module_delta(module)
+            if delta is None:
+                continue
+            name = f"{module_name}.base_layer.weight"
             base = params[name]
             base.copy_((base.to(torch.float32) + delta).to(base.dtype))
             changed[name] = base.detach().cpu().clone()
+            del delta
         for _, module in lora_modules(model):
             for adapter in module.active_adapters:
                 if adapter in module.lora_B:

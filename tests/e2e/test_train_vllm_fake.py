@@ -36,8 +36,9 @@ def test_an_engine_serving_stale_prefix_kv_stops_the_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(VLLMEngine, "_reset_prefix_cache", lambda self: None)  # the bug: no reset after loading
     # Split placement (no sleep, which would drop the cache): the probe's blocks are still cached from the last sync.
+    # Merged sync: an adapter sync names each version anew, and the prefix-cache hash includes the LoRA name.
     with pytest.raises(ParityError, match="engine.parity_tolerance"):
-        Trainer(vllm_config(tmp_path / "run", "engine.colocated=false")).run()
+        Trainer(vllm_config(tmp_path / "run", "engine.colocated=false", "engine.weight_sync=merged")).run()
 
 
 @pytest.mark.parametrize("mode", ["merged", "adapter"])
