@@ -1,0 +1,47 @@
+"""verl's custom reward function for ctu's parquet tasks.
+
+In verl's config::
+
+    reward.custom_reward_function.path=pkg://ctu.integrations.verl_reward
+    reward.custom_reward_function.name=compute_score
+
+verl calls ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=)`` per sample, where
+``solution_str`` is the decoded response (for the tool agent loop: every assistant turn with the tool results
+and user turns between them) and ``extra_info`` the row's (plus the agent loop's ``tool_extra_fields``,
+``num_turns``). Rows of ``ctu/<domain>`` are scored with ctu's tau2 reward: the response's tool calls are
+re-executed on the task's initial DB and its text checked, as ``ctu score`` does; any other data source goes to
+verl's ``default_compute_score``. ``extra_info.termination`` (``user_stop``/``agent_stop``/...) overrides the
+ending read from the text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ctu.integrations.common import plain, response_messages, task_of, termination_of
+from ctu.reward import score_transcript
+
+PREFIX = "ctu/"
+
+
+def score_response(data_source: str, solution_str: str, ground_truth: Any,
+                   extra_info: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """{"score": the tau2 reward, "acc": 1.0 if solved, "tool_calls", "parse_failures"} of one response."""
+    info = plain(extra_info or {})
+    domain, task = task_of(ground_truth, info, data_source, info.get("data_dir"))
+    messages, failures = response_messages(solution_str or "")
+    termination = info.get("termination") or termination_of(messages, domain.transfer_tool)
+    reward = score_transcript(domain, task, messages, termination).reward
+    calls = sum(len(m.get("tool_calls") or []) for m in messages)
+    return {"score": float(reward), "acc": float(reward == 1.0), "tool_calls": float(calls),
+            "parse_failures": float(failures)}
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """verl's reward function signature; ``ctu/*`` rows scored by ctu, the rest by verl's default."""
+    if str(data_source).startswith(PREFIX):
+        return score_response(str(data_source), solution_str, ground_truth, extra_info)
+    from verl.utils.reward_score import default_compute_score  # only when verl runs it
+
+    return default_compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
