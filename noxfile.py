@@ -109,3 +109,22 @@ def interop_trl(session: nox.Session) -> None:
     session.run(*INSTALL_TORCH)  # the CPU build first: a bare torch requirement would pull CUDA wheels
     _install_interop(session, "trl==1.16.*", "peft>=0.13")
     session.run("python", "-m", "pytest", "tests/interop/test_trl.py", *session.posargs, env=INTEROP_ENV)
+
+
+@nox.session
+def interop_verl(session: nox.Session) -> None:
+    """verl 0.9.1's reward-function loader and naive reward manager score ctu's parquet tasks with ctu's reward."""
+    session.run(*INSTALL_TORCH)
+    # verl without its training stack: what importing its reward modules needs, at the versions it pins
+    _install_interop(session, "ray>=2.41", "tensordict>=0.8,<=0.10,!=0.9.0", "transformers>=5.5.3,<5.11,!=5.6.0",
+                     "omegaconf", "aiohttp", "codetiming", "packaging>=20", "pyarrow>=19",
+                     no_deps=("verl==0.9.1",))
+    session.run("python", "-m", "pytest", "tests/interop/test_verl.py", *session.posargs, env=INTEROP_ENV)
+
+
+@nox.session
+def interop_skyrl(session: nox.Session) -> None:
+    """skyrl_gym.make('ctu_<domain>') plays ctu's parquet tasks in ctu's episodes (no torch needed)."""
+    _install_interop(session, "pandas", "omegaconf", "func_timeout", "requests", "pyarrow>=15",
+                     no_deps=("skyrl-gym==0.4.0",))
+    session.run("python", "-m", "pytest", "tests/interop/test_skyrl.py", *session.posargs, env=INTEROP_ENV)
