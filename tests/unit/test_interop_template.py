@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ctu.chat import BUILTIN_TEMPLATES, ChatFormat
@@ -42,6 +44,10 @@ def test_assistant_tokens_mask_is_ctus_loss_mask_and_markers_render_no_text(chat
         plain = chat.tokenizer.apply_chat_template(record["messages"], tools=record["tools"],
                                                    chat_template=chat.template, tokenize=False)
         assert plain == chat.render(record["messages"], record["tools"])
+        unmarked = ChatFormat(chat.tokenizer, None)
+        unmarked.template = re.sub(r"\{%-? *(end)?generation *-?%\}", "", chat.template)  # the markers taken out
+        assert "generation %}" not in unmarked.template
+        assert unmarked.render(record["messages"], record["tools"]) == plain
         assert ids == chat.encode(plain)
         sample = conversation_sample(chat, record["messages"], record["tools"])
         ctu_mask = [0, *sample.mask]  # the sample's mask is over next-token positions
