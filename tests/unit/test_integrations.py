@@ -150,3 +150,17 @@ def test_skyrl_env_ends_at_max_turns_with_reward_0(chat_format):
     assert "nope" in first["observations"][0]["content"]  # the unknown tool's error, as the agent sees it
     last = env.step('<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call><|im_end|>')
     assert last["done"] and last["reward"] == 0.0 and last["metadata"]["termination"] == "max_turns"
+
+
+def test_parquet_export_names_the_adapters_that_score_it(tmp_path, capsys):
+    import importlib
+    import re
+
+    from ctu.cli import main
+
+    assert main(["data", "export", "--domain", "mini", "--split", "test", "--format", "parquet",
+                 "--out", str(tmp_path / "mini.parquet")]) == 0
+    out = capsys.readouterr().out
+    module = re.search(r"path=pkg://([\w.]+) \(name=(\w+)\)", out)
+    assert module and callable(getattr(importlib.import_module(module[1]), module[2]))
+    assert "ctu.integrations.skyrl_env.register()" in out
