@@ -11,6 +11,7 @@ from ctu.chat import BUILTIN_TEMPLATES, ChatFormat
 from ctu.data.conversations import gold_conversation
 from ctu.data.sft import to_openai
 from ctu.domains import get_domain
+from ctu.env import agent_view
 from ctu.train.demos import conversation_sample
 
 
@@ -32,7 +33,7 @@ def test_builtin_templates_mark_assistant_turns_for_assistant_only_training(temp
 
 
 @pytest.mark.parametrize("template", sorted(BUILTIN_TEMPLATES))
-@pytest.mark.parametrize("name", ["mini", "retail", "airline"])
+@pytest.mark.parametrize("name", ["mini", "retail", "airline", "telecom"])  # telecom: the user's own device actions
 def test_assistant_tokens_mask_is_ctus_loss_mask_and_markers_render_no_text(chat_format, template, name):
     chat = ChatFormat(chat_format.tokenizer, template)
     for conversation in conversations(name):
@@ -43,11 +44,11 @@ def test_assistant_tokens_mask_is_ctus_loss_mask_and_markers_render_no_text(chat
         # tracked (markers active) and plain rendering give the same text, and it is ctu's own render
         plain = chat.tokenizer.apply_chat_template(record["messages"], tools=record["tools"],
                                                    chat_template=chat.template, tokenize=False)
-        assert plain == chat.render(record["messages"], record["tools"])
+        assert plain == chat.render(agent_view(record["messages"]), record["tools"])  # what the agent sees
         unmarked = ChatFormat(chat.tokenizer, None)
         unmarked.template = re.sub(r"\{%-? *(end)?generation *-?%\}", "", chat.template)  # the markers taken out
         assert "generation %}" not in unmarked.template
-        assert unmarked.render(record["messages"], record["tools"]) == plain
+        assert unmarked.render(agent_view(record["messages"]), record["tools"]) == plain
         assert ids == chat.encode(plain)
         sample = conversation_sample(chat, record["messages"], record["tools"])
         ctu_mask = [0, *sample.mask]  # the sample's mask is over next-token positions
