@@ -11,7 +11,9 @@ and user turns between them) and ``extra_info`` the row's (plus the agent loop's
 ``num_turns``). Rows of ``ctu/<domain>`` are scored with ctu's tau2 reward: the response's tool calls are
 re-executed on the task's initial DB and its text checked, as ``ctu score`` does; any other data source goes to
 verl's ``default_compute_score``. ``extra_info.termination`` (``user_stop``/``agent_stop``/...) overrides the
-ending read from the text.
+ending read from the text. ``extra_info.messages`` (the whole transcript as OpenAI messages, e.g. recorded by
+an agent loop in its ``extra_fields``) is scored instead of the text when given; dual-control domains
+(telecom: the user acts on their own phone) need it, since the user's actions are not in the agent's text.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ctu.data.conversations import DataError
 from ctu.integrations.common import plain, response_messages, task_of, termination_of
 from ctu.reward import score_transcript
+from ctu.transcripts import ending
 
 PREFIX = "ctu/"
 
@@ -30,8 +34,16 @@ def score_response(data_source: str, solution_str: str, ground_truth: Any,
     """{"score": the tau2 reward, "acc": 1.0 if solved, "tool_calls", "parse_failures"} of one response."""
     info = plain(extra_info or {})
     domain, task = task_of(ground_truth, info, data_source, info.get("data_dir"))
-    messages, failures = response_messages(solution_str or "")
-    termination = info.get("termination") or termination_of(messages, domain.transfer_tool)
+    if info.get("messages"):  # the whole transcript, recorded by the agent loop (dual control needs it)
+        messages, failures = list(info["messages"]), 0
+        termination = info.get("termination") or ending(messages, None)
+    elif domain.user_tools:
+        raise DataError(f"{data_source}: dual control: the user's own tool calls (their phone) are not in the "
+                        "agent's response text; pass the transcript as extra_info.messages (OpenAI messages with "
+                        "the user's tool calls), or train this domain with the SkyRL env")
+    else:
+        messages, failures = response_messages(solution_str or "")
+        termination = info.get("termination") or termination_of(messages, domain.transfer_tool)
     reward = score_transcript(domain, task, messages, termination).reward
     calls = sum(len(m.get("tool_calls") or []) for m in messages)
     return {"score": float(reward), "acc": float(reward == 1.0), "tool_calls": float(calls),

@@ -119,12 +119,22 @@ def play(env, chat, messages):
     return outputs
 
 
-@pytest.mark.parametrize("name", DOMAINS)
+def test_a_parquet_row_keeps_the_tasks_initial_state():
+    from ctu.data.prompts import row_task
+
+    domain = get_domain("telecom")
+    tasks = [t for t in domain.tasks if t.initial_state][:5]
+    assert tasks
+    for row, task in zip(task_rows(domain, tasks), tasks, strict=True):
+        assert row_task(row)[1] == task  # the phone's broken state included
+
+
+@pytest.mark.parametrize("name", [*DOMAINS, "telecom"])
 def test_skyrl_env_gold_turns_score_1_and_turns_without_db_changes_0(chat_format, name):
     domain = get_domain(name)
     for row, conversation in cases(name):
         extras = {k: row[k] for k in ("reward_spec", "extra_info", "data_source")}  # SkyRL's env_extras
-        env = CtuTextEnv(env_config={"max_turns": 30}, extras=extras)
+        env = CtuTextEnv(env_config={"max_turns": 40, "patience": 30}, extras=extras)
         prompt, meta = env.init(row["prompt"])
         assert prompt == row["prompt"] == env.opening and meta["task_id"] == row["extra_info"]["task_id"]
         outputs = play(env, chat_format, conversation.messages)
@@ -134,7 +144,7 @@ def test_skyrl_env_gold_turns_score_1_and_turns_without_db_changes_0(chat_format
         assert calls and all(o["observations"][0]["role"] == "tool" for o in calls if not o["done"])
         assert env.get_metrics()["reward"] == 1.0 and env.get_metrics()["parse_failures"] == 0
 
-        wrong = CtuTextEnv(extras=extras, domain=name)
+        wrong = CtuTextEnv(env_config={"patience": 30}, extras=extras, domain=name)
         wrong.init(row["prompt"])
         outputs = play(wrong, chat_format, without_mutations(domain, conversation.messages))
         assert outputs[-1]["done"] and outputs[-1]["reward"] == 0.0
@@ -164,3 +174,16 @@ def test_parquet_export_names_the_adapters_that_score_it(tmp_path, capsys):
     module = re.search(r"path=pkg://([\w.]+) \(name=(\w+)\)", out)
     assert module and callable(getattr(importlib.import_module(module[1]), module[2]))
     assert "ctu.integrations.skyrl_env.register()" in out
+
+
+def test_verl_reward_needs_the_transcript_for_dual_control_and_scores_it_when_given(chat_format):
+    domain = get_domain("telecom")
+    row, conversation = cases("telecom", 1)[0]
+    text = solution_str(chat_format, row, conversation)
+    truth = row["reward_model"]["ground_truth"]
+    with pytest.raises(ValueError, match="ctu/telecom: .*user's own tool calls.*extra_info.messages"):
+        compute_score(row["data_source"], text, truth, row["extra_info"])  # the user's actions are not in the text
+    gold = compute_score(row["data_source"], text, truth, {**row["extra_info"], "messages": conversation.messages})
+    assert gold["score"] == 1.0
+    wrong = without_mutations(domain, conversation.messages)
+    assert compute_score(row["data_source"], text, truth, {**row["extra_info"], "messages": wrong})["score"] == 0.0
