@@ -56,7 +56,7 @@ def rollout_ids(chat, row, messages, tools):
     return chat.encode(prompt), chat.encode(full[len(prompt):])
 
 
-def manager_score(manager, row, prompt_ids, response_ids):
+def manager_score(manager, row, prompt_ids, response_ids, tool_extra_fields=None):
     """NaiveRewardManager.run_single on a one-sample DataProto (left-padded prompt, right-padded response)."""
     width = len(response_ids) + 5
     responses = torch.tensor([response_ids + [0] * 5])
@@ -67,7 +67,9 @@ def manager_score(manager, row, prompt_ids, response_ids):
         tensors={"prompts": prompts, "responses": responses, "attention_mask": attention},
         non_tensors={"data_source": np.array([row["data_source"]], dtype=object),
                      "reward_model": np.array([row["reward_model"]], dtype=object),
-                     "extra_info": np.array([dict(row["extra_info"])], dtype=object)})
+                     "extra_info": np.array([dict(row["extra_info"])], dtype=object),
+                     **({"tool_extra_fields": np.array([tool_extra_fields], dtype=object)} if tool_extra_fields
+                        else {})})
     return manager.loop.run_until_complete(manager.run_single(data))  # the loop verl bound it to
 
 
@@ -103,3 +105,20 @@ def test_verls_default_dispatch_has_no_ctu_rows_and_ctus_function_hands_it_the_r
     assert verl_reward.compute_score("openai/gsm8k", gsm8k, "42") == default_compute_score("openai/gsm8k", gsm8k,
                                                                                             "42") == 1.0
     assert verl_reward.compute_score("openai/gsm8k", "#### 41", "42") == 0.0
+
+
+def test_dual_control_is_scored_from_the_transcript_an_agent_loop_records(tmp_path, chat):
+    """telecom: the user's phone actions are not in the response text; an agent loop that keeps the transcript in
+    its extra_fields (merged into extra_info by verl's manager) gets it scored."""
+    fn = get_custom_reward_fn(OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": "pkg://ctu.integrations.verl_reward", "name": "compute_score"}}}))
+    manager = NaiveRewardManager(OmegaConf.create({}), chat.tokenizer, fn)
+    domain, rows = exported_rows(tmp_path, "telecom", 2)
+    for row in rows:
+        gold = gold_conversation(domain, row_task(row)[1])
+        ids = rollout_ids(chat, row, gold.messages, gold.tools)
+        assert manager_score(manager, row, *ids, {"messages": gold.messages})["reward_score"] == 1.0
+        wrong = without_mutations(domain, gold.messages)
+        assert manager_score(manager, row, *ids, {"messages": wrong})["reward_score"] == 0.0
+        with pytest.raises(ValueError, match="dual control"):
+            manager_score(manager, row, *ids)
