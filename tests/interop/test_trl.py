@@ -42,6 +42,7 @@ def model_dir(tmp_path_factory):
 @pytest.mark.parametrize("domain", ["mini", "retail", "telecom"])
 def test_trl_assistant_only_loss_trains_exactly_ctus_loss_mask(tmp_path, model_dir, domain):
     from trl import SFTConfig, SFTTrainer
+    from trl.chat_template_utils import is_chat_template_stop_token_trained
 
     data = tmp_path / f"{domain}.jsonl"
     export(domain, data)
@@ -52,6 +53,8 @@ def test_trl_assistant_only_loss_trains_exactly_ctus_loss_mask(tmp_path, model_d
                        per_device_train_batch_size=2, learning_rate=1e-3, report_to=[], use_cpu=True,
                        logging_steps=1, save_strategy="no", seed=0, dataloader_num_workers=0)
     trainer = SFTTrainer(model=model_dir, args=config, train_dataset=dataset, processing_class=tok)
+    assert trainer.chat_template is None  # TRL keeps ctu's template: it has the generation markers
+    assert is_chat_template_stop_token_trained(tok)  # TRL's own check: <|im_end|> is trained (the model learns to stop)
 
     chat = ChatFormat(tok, "hermes")
     rows = trainer.train_dataset
