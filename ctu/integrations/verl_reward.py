@@ -33,7 +33,11 @@ def score_response(data_source: str, solution_str: str, ground_truth: Any,
                    extra_info: Mapping[str, Any] | None = None) -> dict[str, float]:
     """{"score": the tau2 reward, "acc": 1.0 if solved, "tool_calls", "parse_failures"} of one response."""
     info = plain(extra_info or {})
-    domain, task = task_of(ground_truth, info, data_source, info.get("data_dir"))
+    try:
+        domain, task = task_of(ground_truth, info, data_source, info.get("data_dir"))
+    except (DataError, KeyError) as exc:
+        where = f"{data_source} row {info['index']}" if "index" in info else data_source
+        raise DataError(f"{where}: {exc.args[0] if exc.args else exc}") from None
     if info.get("messages"):  # the whole transcript, recorded by the agent loop (dual control needs it)
         messages, failures = list(info["messages"]), 0
         termination = info.get("termination") or ending(messages, None)

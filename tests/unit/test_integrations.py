@@ -102,9 +102,9 @@ def test_a_response_cut_off_in_a_tool_call_or_a_user_turn_is_not_a_normal_ending
 
 
 def test_verl_reward_errors_name_what_is_wrong():
-    with pytest.raises(ValueError, match="ground_truth is not JSON"):
-        compute_score("ctu/retail", "", "not json", {"domain": "retail"})
-    with pytest.raises(KeyError, match="unknown domain 'nowhere'"):
+    with pytest.raises(ValueError, match="^ctu/retail row 3: ground_truth is not JSON"):
+        compute_score("ctu/retail", "", "not json", {"domain": "retail", "index": np.int64(3)})
+    with pytest.raises(ValueError, match="^ctu/nowhere: unknown domain 'nowhere'"):
         compute_score("ctu/nowhere", "", json.dumps({"id": "1", "evaluation_criteria": None}), {})
 
 
