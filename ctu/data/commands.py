@@ -43,6 +43,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             info = write_prompts(args.out, task_rows(domain, tasks))
             print(f"wrote {info['records']} {domain.name} tasks (split {args.split}) to {info['path']} as a parquet "
                   "prompt dataset (verl / SkyRL: prompt, env_class, reward_spec, reward_model, extra_info)")
+            print("score it in verl with reward.custom_reward_function.path=pkg://ctu.integrations.verl_reward "
+                  "(name=compute_score); in SkyRL call ctu.integrations.skyrl_env.register() for its env_class")
             return 0
         from ctu.data.conversations import gold_conversations
 

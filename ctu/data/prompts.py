@@ -44,6 +44,8 @@ def pyarrow_parquet():
 def task_to_tau2(task: Task) -> dict[str, Any]:
     """The task as a tau2 ``tasks.json`` entry; ``Task.from_tau2`` reads it back to an equal task."""
     raw: dict[str, Any] = {"id": task.id, "description": task.description, "user_scenario": task.user_scenario}
+    if task.initial_state:  # telecom: the phone's broken state the episode starts from
+        raw["initial_state"] = task.initial_state
     if not task.has_criteria:
         raw["evaluation_criteria"] = None
         return raw
