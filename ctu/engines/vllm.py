@@ -243,7 +243,7 @@ class VLLMEngine(Engine):
                         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
             self._reset_prefix_cache()
         if bad:
-            raise ValueError(f"vLLM needs merged Hugging Face names; got the PEFT name {bad[0]} (merge the adapter "
+            raise ValueError(f"vLLM needs merged Hugging Face names, not PEFT names such as {bad[0]} (merge the adapter "
                              "and strip base_model.model. / base_layer first); the tensors before it were loaded")
 
     def update_adapter(self, adapter: str | os.PathLike | Mapping[str, object] | Iterable[tuple[str, object]],
