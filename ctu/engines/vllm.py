@@ -95,6 +95,14 @@ def logprobs_exact(mode: str, params: SamplingParams) -> bool:
     return mode == "processed_logprobs" and params.top_p >= 1.0
 
 
+def vllm_dtype(model_dtype: str, cuda: bool) -> str:
+    """The engine's dtype: the trainer's compute dtype (``model.dtype``; ``auto`` is bf16 on CUDA, fp32 on CPU,
+    as in ctu/train/policy.py), so the parity probe compares like with like."""
+    if model_dtype != "auto":
+        return model_dtype
+    return "bfloat16" if cuda else "float32"
+
+
 def hf_named_stream(named_tensors: Iterable[tuple[str, object]], bad: list[str]) -> Iterator[tuple[str, object]]:
     """``named_tensors`` passed through one at a time; at the first PEFT/LoRA name it is put in ``bad`` and the
     stream ends (the caller raises once the receiver has finished with what came before)."""

@@ -130,3 +130,17 @@ def test_on_a_platform_without_sleep_mode_the_engine_neither_asks_for_it_nor_sle
     engine.update_weights(strong_update(engine.llm.hf))
     with pytest.raises(ValueError, match="enable_sleep_mode"):
         make(monkeypatch, enable_sleep_mode=True)
+
+
+def test_the_engine_computes_in_the_trainers_dtype(monkeypatch):
+    """On CPU the trainer computes in fp32 (model.dtype=auto): a bf16 engine drifted past the parity tolerance
+    by the third adapter sync on real vLLM (0.148 > 0.1; fp32: 1e-6)."""
+    from ctu.components import build_engine
+    from ctu.engines.vllm import vllm_dtype
+
+    fake_vllm.install(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert build_engine(load_config(None, ["engine.kind=vllm", "model.path=tiny-random"])).llm.kwargs["dtype"] == "float32"
+    picked = load_config(None, ["engine.kind=vllm", "model.path=tiny-random", "model.dtype=bfloat16"])
+    assert build_engine(picked).llm.kwargs["dtype"] == "bfloat16"
+    assert vllm_dtype("auto", cuda=True) == "bfloat16" and vllm_dtype("float16", cuda=False) == "float16"
