@@ -23,7 +23,17 @@ def test_ctu_eval_on_vllm(tmp_path, tiny_llama):
 
 
 @pytest.mark.parametrize("mode", ["merged", "adapter"])
-def test_three_steps_pass_the_parity_probe_after_every_sync(tmp_path, tiny_llama, mode):
+def test_three_steps_pass_the_parity_probe_after_every_sync(tmp_path, tiny_llama, mode, monkeypatch):
+    from ctu.engines.vllm import VLLMEngine
+
+    on_disk = []  # the adapter directories after each adapter sync
+    update_adapter = VLLMEngine.update_adapter
+
+    def watched(self, *args, **kwargs):
+        update_adapter(self, *args, **kwargs)
+        on_disk.append((self._adapter_root.name, sorted(os.listdir(self._adapter_root.name))))
+
+    monkeypatch.setattr(VLLMEngine, "update_adapter", watched)
     run_dir = tmp_path / mode
     trainer = Trainer(config(run_dir, f"model.path={tiny_llama}", "engine.kind=vllm", f"engine.weight_sync={mode}",
                              "trainer.max_steps=3", "trainer.eval_before_train=false", "trainer.export=false",
@@ -35,6 +45,7 @@ def test_three_steps_pass_the_parity_probe_after_every_sync(tmp_path, tiny_llama
     assert all(r["sync/logprob_max_abs_diff"] <= 0.05 for r in rows)  # bf16 engine vs fp32 trainer: ~4e-3
     assert any(r["train/grad_norm"] > 0 for r in rows)  # the weights really moved between syncs
     if mode == "adapter":
-        engine = trainer.engine
-        assert engine.lora_request.lora_int_id == 4
-        assert os.listdir(engine._adapter_root.name) == ["v3"]  # older versions' directories are gone
+        assert trainer.engine.lora_request.lora_int_id == 4
+        assert [names for _, names in on_disk] == [["v0"], ["v1"], ["v2"], ["v3"]]  # one version's directory at a time
+        # (v0: the sync after the supervised warm start)
+        assert not os.path.exists(on_disk[-1][0])  # and none once the run closed the engine
