@@ -82,17 +82,32 @@ def test_seeds_repeat_and_differ(engine):
     assert ids == [r[0].token_ids for r in again] and ids[0] == ids[2] and ids[0] != ids[1]
 
 
+def cached_prompt(engine):
+    """Two full KV blocks + 8 tokens (the CPU backend's block size is not GPU's 16): the prefix cache hits."""
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    return [(5 * i + 11) % 300 + 1 for i in range(2 * block + 8)], block
+
+
+def cached_tokens(engine, prompt):
+    """How many prompt tokens vLLM served from its prefix cache for a repeat of ``prompt``."""
+    request = engine._vllm.TokensPrompt(prompt_token_ids=prompt)
+    out = engine.llm.generate([request], engine._vllm.SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+    return out[0].num_cached_tokens
+
+
 @pytest.mark.parametrize("via", ["iterator", "path"])
 def test_a_weight_update_reaches_the_next_generation_despite_the_prefix_cache(engine, hf, via, monkeypatch):
     monkeypatch.setattr(engine, "weights_via", via)
     monkeypatch.setattr(engine, "shard_bytes", 1 << 20)  # path: several shards
     engine.update_weights(hf.state_dict().items())
-    (before,) = gen(engine, [PROMPT], temperature=0.0, max_tokens=4)[0]  # the prompt's blocks are cached now
+    prompt, block = cached_prompt(engine)
+    gen(engine, [prompt], temperature=0.0, max_tokens=4)
+    assert cached_tokens(engine, prompt) >= 2 * block  # the prompt's blocks are cached now
     new = moved(hf, 0.3, seed=1 if via == "iterator" else 2)
     engine.update_weights((n, t) for n, t in new.state_dict().items())  # a generator: consumed once, as a stream
-    (after,) = gen(engine, [PROMPT], temperature=0.0, max_tokens=4)[0]
-    assert_logprobs(after.logprobs, teacher_forced(new, PROMPT, after.token_ids))
-    assert (torch.tensor(after.logprobs) - teacher_forced(hf, PROMPT, after.token_ids)).abs().max() > 1e-2
+    (after,) = gen(engine, [prompt], temperature=0.0, max_tokens=4)[0]
+    assert_logprobs(after.logprobs, teacher_forced(new, prompt, after.token_ids))
+    assert (torch.tensor(after.logprobs) - teacher_forced(hf, prompt, after.token_ids)).abs().max() > 1e-2
 
 
 def test_the_parity_probe_passes_after_a_sync(engine, hf):
