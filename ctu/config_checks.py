@@ -130,6 +130,12 @@ def _update_problems(config: Config) -> list[str]:
         out.append(f"filters.max_assistant_tokens: must be >= 1 (or null), got {config.filters.max_assistant_tokens}")
     if e.weight_sync == "adapter" and (e.kind != "vllm" or not config.lora.enabled):
         out.append("engine.weight_sync: 'adapter' needs engine.kind=vllm and lora.enabled=true")
+    if e.kind == "vllm" and config.lora.enabled and e.weight_sync != "merged":
+        from ctu.engines.vllm import VLLM_LORA_RANKS  # vLLM itself is not imported
+
+        if config.lora.rank not in VLLM_LORA_RANKS:
+            out.append(f"lora.rank: vLLM serves LoRA adapters of rank {', '.join(map(str, VLLM_LORA_RANKS))} "
+                       f"(its max_lora_rank), got {config.lora.rank}; pick one or use engine.weight_sync=merged")
     d = config.distributed
     if d.rollout_workers < 0:
         out.append(f"distributed.rollout_workers: must be >= 0, got {d.rollout_workers}")

@@ -21,19 +21,31 @@ What ctu relies on, and where in vLLM's source (github vllm-project/vllm) it was
   normaliser over the vocabulary is not a logprob.
 - **Prefix cache** (vllm/v1/core/kv_cache_utils.py): full 16-token blocks are hashed over their token ids
   chained on the parent block's hash (plus the LoRA name); the KV of a hit is reused as it was computed.
-  ``load_weights`` does not invalidate it, so :meth:`VLLMEngine.update_weights` calls
-  ``LLM.reset_prefix_cache()`` after loading (the shared system prompt would otherwise keep the old KV).
+  Reloading weights does not invalidate it, so every update (weights or adapter) ends with
+  ``LLM.reset_prefix_cache()`` (the shared system prompt would otherwise keep the old KV).
 - **Sleep** (``LLM.sleep(level=1)`` resets the prefix cache, offloads weights to CPU and discards the KV
   cache; ``LLM.wake_up(tags=None)`` restores): when colocated, call :meth:`sleep` before the trainer's
   update and :meth:`wake_up` before loading weights — weights cannot be written while offloaded —
-  then sync, then roll out. ``update_weights``/``update_adapter`` wake the engine if it sleeps.
-- **Weights**: ``LLM.apply_model(fn)`` runs ``fn(model)`` where the model lives; vLLM models load Hugging
-  Face-named tensors with ``model.load_weights(weights=[(name, tensor), ...])``. With
-  ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set here before vLLM starts) the engine core runs in this process.
-- **LoRA** (vllm/lora/request.py; vllm/lora/worker_manager.py): ``LoRARequest(lora_name, lora_int_id,
-  lora_path)`` with a PEFT directory (``adapter_config.json`` + ``adapter_model.safetensors``), passed as
-  ``generate(..., lora_request=...)``. Adapters are cached by ``lora_int_id``: a reused id serves the
-  adapter loaded first, so every version gets a new id (and a new name, which the prefix-cache hash uses).
+  then sync, then roll out. ``update_weights``/``update_adapter`` wake the engine if it sleeps. Where the
+  platform has no sleep mode (``current_platform.is_sleep_mode_available()`` is False: vLLM's CPU backend,
+  whose worker logs sleep/wake as no-ops and whose ``LLM(enable_sleep_mode=True)`` raises), the engine does
+  not ask for it and :meth:`sleep`/:meth:`wake_up` do nothing.
+- **Weights** (vllm/model_executor/model_loader/reload/inplace.py): ``collective_rpc("reload_weights",
+  kwargs={"weights_iterator": it})`` runs the model's own ``load_weights`` on Hugging Face-named
+  ``(name, tensor)`` pairs, layer by layer (a layer is processed into kernel format once all its tensors
+  arrived; a layer that got none keeps its weights). The iterator crosses no process boundary only when the
+  engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here before vLLM starts);
+  otherwise the tensors are written to a temporary safetensors directory shard by shard and reloaded with
+  ``weights_path=DIR``. ``apply_model(lambda m: m.load_weights(...))`` is not used: on the CPU backend the
+  loaded parameters are already repacked (size 0) and ``load_weights`` fails outside ``reload_weights``.
+  Either way ``named_tensors`` is consumed as a stream, never held whole.
+- **LoRA** (vllm/lora/request.py; vllm/lora/worker_manager.py; vllm/config/lora.py): ``LoRARequest(lora_name,
+  lora_int_id, lora_path)`` with a PEFT directory (``adapter_config.json`` + ``adapter_model.safetensors``),
+  passed as ``generate(..., lora_request=...)``. Adapters are cached by ``lora_int_id``: a reused id serves
+  the adapter loaded first, so every version gets a new id (and a new name, which the prefix-cache hash
+  uses). The directory is read when the adapter is first used; once a newer version is serving, the older
+  directory this engine wrote is deleted (one per version would otherwise pile up on disk).
+  ``max_lora_rank`` must be one of :data:`VLLM_LORA_RANKS`.
 vLLM is imported lazily: ctu imports without it.
 """
 
@@ -45,19 +57,17 @@ import logging
 import math
 import os
 import re
+import shutil
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from functools import partial
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from ctu.engines.base import Completion, Engine, SamplingParams
 
 log = logging.getLogger(__name__)
 PEFT_NAME = re.compile(r"(^base_model\.model\.)|(\.base_layer\.)|(lora_[AB])|(lora_embedding_[AB])|(modules_to_save)")
-
-
-def _load(weights, model):
-    return model.load_weights(weights=weights)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py: MaxLoRARanks
+SHARD_BYTES = 1 << 30  # safetensors shard size when weights go through a directory
 
 
 def check_hf_names(names: Iterable[str]) -> list[str]:
@@ -85,27 +95,96 @@ def logprobs_exact(mode: str, params: SamplingParams) -> bool:
     return mode == "processed_logprobs" and params.top_p >= 1.0
 
 
+def vllm_dtype(model_dtype: str, cuda: bool) -> str:
+    """The engine's dtype: the trainer's compute dtype (``model.dtype``; ``auto`` is bf16 on CUDA, fp32 on CPU,
+    as in ctu/train/policy.py), so the parity probe compares like with like."""
+    if model_dtype != "auto":
+        return model_dtype
+    return "bfloat16" if cuda else "float32"
+
+
+def hf_named_stream(named_tensors: Iterable[tuple[str, object]], bad: list[str]) -> Iterator[tuple[str, object]]:
+    """``named_tensors`` passed through one at a time; at the first PEFT/LoRA name it is put in ``bad`` and the
+    stream ends (the caller raises once the receiver has finished with what came before)."""
+    for name, tensor in named_tensors:
+        if PEFT_NAME.search(name):
+            bad.append(name)
+            return
+        yield name, tensor
+
+
+def write_safetensors_shards(named_tensors: Iterable[tuple[str, object]], directory: str,
+                             shard_bytes: int = SHARD_BYTES) -> list[str]:
+    """Write ``(name, tensor)`` pairs as ``model-NNNNN.safetensors`` files of about ``shard_bytes`` each, holding
+    at most one shard in memory; returns the file names."""
+    from safetensors.torch import save_file
+
+    files: list[str] = []
+    shard: dict[str, object] = {}
+    size = 0
+
+    def flush():
+        nonlocal shard, size
+        if shard:
+            files.append(f"model-{len(files):05d}.safetensors")
+            save_file(shard, os.path.join(directory, files[-1]))
+        shard, size = {}, 0
+
+    for name, tensor in named_tensors:
+        t = tensor.detach().to("cpu").contiguous()
+        if any(t.data_ptr() == other.data_ptr() for other in shard.values()):  # tied: safetensors refuses shared storage
+            t = t.clone()
+        shard[name] = t
+        size += t.numel() * t.element_size()
+        if size >= shard_bytes:
+            flush()
+    flush()
+    return files
+
+
 class VLLMEngine(Engine):
-    def __init__(self, model_path: str, gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = True,
+    """``enable_sleep_mode``: None asks for it where vLLM's platform supports it (CUDA), not on CPU.
+    ``weights_via``: ``"iterator"`` (in-process engine core) or ``"path"`` (a safetensors directory); None picks
+    the iterator when ``VLLM_ENABLE_V1_MULTIPROCESSING=0``."""
+
+    def __init__(self, model_path: str, gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool | None = None,
                  dtype: str = "bfloat16", seed: int = 0, max_model_len: int | None = None, enable_lora: bool = False,
                  max_lora_rank: int = 16, lora_alpha: float | None = None, sampling_temperature: float | None = None,
-                 sampling_top_p: float | None = None, **llm_kwargs):
+                 sampling_top_p: float | None = None, weights_via: str | None = None,
+                 shard_bytes: int = SHARD_BYTES, **llm_kwargs):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if enable_lora and int(max_lora_rank) not in VLLM_LORA_RANKS:
+            raise ValueError(f"max_lora_rank must be one of vLLM's {VLLM_LORA_RANKS}, got {max_lora_rank}")
+        if weights_via is None:
+            weights_via = "iterator" if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" else "path"
+        if weights_via not in ("iterator", "path"):
+            raise ValueError(f"weights_via must be 'iterator' or 'path', got {weights_via!r}")
         import vllm
+        from vllm.platforms import current_platform
+
+        from ctu.models import resolve_model
 
         self._vllm = vllm
+        self.weights_via, self.shard_bytes = weights_via, int(shard_bytes)
         self.lora_alpha = lora_alpha
         self.logprobs_mode = choose_logprobs_mode(sampling_temperature, sampling_top_p)
+        can_sleep = bool(current_platform.is_sleep_mode_available())
+        if enable_sleep_mode and not can_sleep:
+            raise ValueError("enable_sleep_mode: vLLM has no sleep mode on this platform (CPU); leave it unset")
+        self.sleep_mode = can_sleep if enable_sleep_mode is None else bool(enable_sleep_mode)
+        if self.sleep_mode:
+            llm_kwargs["enable_sleep_mode"] = True
         if max_model_len is not None:
             llm_kwargs["max_model_len"] = int(max_model_len)
         if enable_lora:
             llm_kwargs.update(enable_lora=True, max_lora_rank=int(max_lora_rank))
-        self.llm = vllm.LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-                            enable_sleep_mode=enable_sleep_mode, logprobs_mode=self.logprobs_mode, **llm_kwargs)
+        self.llm = vllm.LLM(model=resolve_model(model_path), dtype=dtype, seed=seed,
+                            gpu_memory_utilization=gpu_memory_utilization, logprobs_mode=self.logprobs_mode, **llm_kwargs)
         self.sleeping = False
         self.lora_request = None  # the adapter every generate uses after update_adapter
         self._lora_ids: set[int] = set()
         self._adapter_root: tempfile.TemporaryDirectory | None = None
+        self._written_adapter: str | None = None  # the serving adapter's directory, when this engine wrote it
         self._warned_inexact = False
         self._lock = threading.Lock()
 
@@ -158,16 +237,22 @@ class VLLMEngine(Engine):
                                "reuse KV computed with the old weights")
 
     def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:
-        """Merged Hugging Face weights: wake (if asleep), ``load_weights``, then reset the prefix cache."""
-        weights = list(named_tensors)
-        bad = check_hf_names(name for name, _ in weights)
-        if bad:
-            raise ValueError(f"vLLM needs merged Hugging Face names; got PEFT names such as {bad[:3]} "
-                             "(merge the adapter and strip base_model.model. / base_layer first)")
+        """Merged Hugging Face weights, streamed: wake (if asleep), ``reload_weights``, reset the prefix cache."""
+        bad: list[str] = []
+        stream = hf_named_stream(named_tensors, bad)
         self.wake_up()
         with self._lock:
-            self.llm.apply_model(partial(_load, weights))
+            if self.weights_via == "iterator":
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream})
+            else:
+                with tempfile.TemporaryDirectory(prefix="ctu-weights-") as directory:
+                    write_safetensors_shards(stream, directory, self.shard_bytes)
+                    if not bad:
+                        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
             self._reset_prefix_cache()
+        if bad:
+            raise ValueError(f"vLLM needs merged Hugging Face names, not PEFT names such as {bad[0]} (merge the adapter "
+                             "and strip base_model.model. / base_layer first); the tensors before it were loaded")
 
     def update_adapter(self, adapter: str | os.PathLike | Mapping[str, object] | Iterable[tuple[str, object]],
                        version: int, peft_config: Mapping[str, object] | None = None) -> None:
@@ -182,8 +267,8 @@ class VLLMEngine(Engine):
         if lora_id in self._lora_ids:
             raise ValueError(f"adapter version {version} was already loaded: vLLM caches adapters by id and would "
                              "serve the old one; give every update a new version")
-        path = os.fspath(adapter) if isinstance(adapter, (str, os.PathLike)) else self._write_adapter(
-            adapter, version, peft_config)
+        written = not isinstance(adapter, (str, os.PathLike))
+        path = self._write_adapter(adapter, version, peft_config) if written else os.fspath(adapter)
         self.wake_up()
         with self._lock:
             from vllm.lora.request import LoRARequest
@@ -191,6 +276,10 @@ class VLLMEngine(Engine):
             self.lora_request = LoRARequest(f"ctu-v{version}", lora_id, path)
             self._lora_ids.add(lora_id)
             self._reset_prefix_cache()
+            # Nothing can ask for the previous version again (every generate takes the lock and the new request).
+            previous, self._written_adapter = self._written_adapter, path if written else None
+        if previous is not None and previous != path:
+            shutil.rmtree(previous, ignore_errors=True)
 
     def _write_adapter(self, adapter, version: int, peft_config) -> str:
         from safetensors.torch import save_file
@@ -215,14 +304,14 @@ class VLLMEngine(Engine):
         return path
 
     def sleep(self) -> None:
-        """Offload weights and free the KV cache (level 1) while the trainer updates."""
-        if not self.sleeping:
+        """Offload weights and free the KV cache (level 1) while the trainer updates; a no-op without sleep mode."""
+        if self.sleep_mode and not self.sleeping:
             self.llm.sleep(level=1)
             self.sleeping = True
 
     def wake_up(self) -> None:
         """Bring weights and KV cache back; call before loading weights and before rollouts."""
-        if self.sleeping:
+        if self.sleep_mode and self.sleeping:
             self.llm.wake_up()
             self.sleeping = False
 

@@ -25,12 +25,23 @@ vLLM behaviours ctu depends on, each taken from vLLM's source (github vllm-proje
   adapter.
 - Sleep (``vllm/v1/worker/gpu_worker.py``): level 1 offloads weights and discards the KV cache;
   level 2 discards weights too. Generating, or loading weights, while asleep fails here (on a GPU the
-  memory is unmapped).
+  memory is unmapped). ``platforms.current_platform.is_sleep_mode_available()``; with ``SLEEP_MODE = False``
+  the fake is vLLM's CPU backend: ``LLM(enable_sleep_mode=True)`` raises (vllm/config/model.py) and
+  sleep/wake are logged no-ops (vllm/v1/worker/cpu_worker.py).
+- Weights (vllm/model_executor/model_loader/reload/inplace.py, vllm/v1/worker/gpu_worker.py):
+  ``collective_rpc("reload_weights", kwargs={"weights_iterator": it} | {"weights_path": dir})`` loads
+  Hugging Face-named tensors into the model (a name the model lacks raises KeyError); the iterator only
+  in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: a generator cannot be pickled to a worker process).
+  ``model.load_weights`` outside ``reload_weights`` (``apply_model``) fails as on the CPU backend, whose loaded
+  parameters are repacked to size 0 (vllm/model_executor/model_loader/weight_utils.py: default_weight_loader).
+- ``vllm/config/lora.py``: ``max_lora_rank`` is one of ``MaxLoRARanks`` (pydantic rejects other values).
 """
 
 from __future__ import annotations
 
+import glob
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -43,7 +54,18 @@ LLM_KWARGS = {"dtype", "seed", "gpu_memory_utilization", "enable_sleep_mode", "l
               "max_model_len", "enforce_eager", "tokenizer", "trust_remote_code", "enable_lora", "max_lora_rank",
               "max_loras", "enable_prefix_caching"}
 LOGPROBS_MODES = ("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _SAMPLING_EPS = 1e-5
+SLEEP_MODE = True  # False: behave like vLLM's CPU backend (no sleep mode)
+log = logging.getLogger(__name__)
+
+
+class _Platform:
+    def is_sleep_mode_available(self) -> bool:
+        return SLEEP_MODE
+
+
+current_platform = _Platform()
 
 
 @dataclass
@@ -131,8 +153,13 @@ class _Model(torch.nn.Module):
         self.hf = hf_model
         self._llm = llm
         self.loaded: list[str] = []
+        self.reloading = False
 
     def load_weights(self, weights):
+        if not self.reloading:  # the CPU backend's parameters are repacked after loading (size 0)
+            name, tensor = next(iter(weights))
+            raise AssertionError(f"Attempted to load weight ({tuple(torch.as_tensor(tensor).shape)}) into parameter "
+                                 "(torch.Size([0])): load_weights works inside collective_rpc('reload_weights') only")
         if self._llm.sleep_level is not None:
             raise RuntimeError("weights are offloaded while the engine sleeps: call wake_up() before load_weights")
         params = dict(self.hf.named_parameters())
@@ -149,7 +176,29 @@ class _Model(torch.nn.Module):
 
 class _Worker:
     def __init__(self, model):
+        self.model = model
         self.model_runner = type("ModelRunner", (), {"model": model})()
+
+    def reload_weights(self, weights_iterator=None, weights_path: str | None = None, is_checkpoint_format: bool = True):
+        if weights_iterator is not None and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+            raise TypeError("cannot pickle 'generator' object (weights_iterator needs VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+        if weights_iterator is None:
+            from safetensors import safe_open
+
+            def from_files(path):
+                for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+                    with safe_open(file, "pt") as f:
+                        for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                            yield name, f.get_tensor(name)
+
+            weights_iterator = from_files(weights_path or self.model._llm.model_dir)
+            if weights_path is not None:
+                self.model._llm.model_dir = weights_path
+        self.model.reloading = True
+        try:
+            self.model.load_weights(weights_iterator)
+        finally:
+            self.model.reloading = False
 
 
 def _kv_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -162,7 +211,7 @@ def install(monkeypatch) -> None:
     """Make ``import vllm`` and ``from vllm.lora.request import LoRARequest`` find this module."""
     import sys
 
-    for name in ("vllm", "vllm.lora", "vllm.lora.request"):
+    for name in ("vllm", "vllm.lora", "vllm.lora.request", "vllm.platforms"):
         monkeypatch.setitem(sys.modules, name, sys.modules[__name__])
 
 
@@ -173,9 +222,14 @@ class LLM:
             raise TypeError(f"unexpected engine arguments: {sorted(unknown)}")
         if kwargs.get("logprobs_mode", "raw_logprobs") not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}")
-        from ctu.models import load_model, load_tokenizer
+        if kwargs.get("enable_sleep_mode") and not SLEEP_MODE:
+            raise ValueError("Sleep mode is not supported on current platform.")
+        if kwargs.get("enable_lora") and kwargs.get("max_lora_rank", 16) not in MAX_LORA_RANKS:
+            raise ValueError(f"1 validation error for LoRAConfig\nmax_lora_rank\n  Input should be one of {MAX_LORA_RANKS}")
+        from ctu.models import load_model, load_tokenizer, resolve_model
 
         self.model = model
+        self.model_dir = resolve_model(model)  # what reload_weights() without a path reads
         self.kwargs = kwargs
         self.logprobs_mode = kwargs.get("logprobs_mode", "raw_logprobs")
         self.hf = load_model(model).eval()
@@ -197,6 +251,10 @@ class LLM:
         return True
 
     def sleep(self, level: int = 1):
+        if not SLEEP_MODE:
+            self.reset_prefix_cache()
+            log.warning("sleep mode is not supported on CPU, ignore it.")
+            return
         if not self.kwargs.get("enable_sleep_mode"):
             raise ValueError("Sleep mode is not enabled in the model config")
         self.reset_prefix_cache()
@@ -207,6 +265,8 @@ class LLM:
         self.sleep_level = level
 
     def wake_up(self, tags: list[str] | None = None):
+        if not SLEEP_MODE:
+            log.warning("sleep mode is not supported on CPU, ignore it.")
         self.sleep_level = None
 
     def apply_model(self, func):
