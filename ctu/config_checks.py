@@ -120,9 +120,12 @@ def _update_problems(config: Config) -> list[str]:
     d = config.distributed
     if d.rollout_workers < 0:
         out.append(f"distributed.rollout_workers: must be >= 0, got {d.rollout_workers}")
-    if d.rollout_workers and (e.kind != "hf" or e.weight_sync != "merged"):
-        out.append("distributed.rollout_workers: Ray rollout workers run the hf engine with merged weights "
-                   "(engine.kind=hf, engine.weight_sync=merged)")
+    if d.rollout_workers and (e.kind not in ("hf", "vllm") or e.weight_sync != "merged"):
+        out.append("distributed.rollout_workers: Ray rollout workers run the hf or vllm engine with merged weights "
+                   "(engine.kind=hf or vllm, engine.weight_sync=merged)")
+    if d.rollout_workers and e.kind == "vllm" and not d.trainer_workers:
+        out.append("distributed.rollout_workers: vLLM rollout workers get their GPU from the trainer ranks' placement "
+                   "group: set distributed.trainer_workers >= 1")
     if d.trainer_workers < 0:
         out.append(f"distributed.trainer_workers: must be >= 0, got {d.trainer_workers}")
     if d.placement not in ("colocated", "split"):

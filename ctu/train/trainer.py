@@ -84,7 +84,7 @@ class Trainer:
 
         hardware = cuda_hardware()
         if hardware is not None:  # on CUDA: refuse what cannot fit before loading anything
-            check_fits(config, *hardware)
+            check_fits(config, None, hardware[1])  # the run's GPUs (one in process), not all visible ones
         prepare_run_dir(config)
         self.config = config
         self.run_dir = Path(config.run.dir)
