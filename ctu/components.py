@@ -43,6 +43,11 @@ def build_chat(config: Config, tokenizer=None):
     return ChatFormat(tokenizer, template=config.model.template, enable_thinking=config.model.enable_thinking)
 
 
+def vllm_dtype(config: Config) -> str:
+    """vLLM's dtype: the policy's compute dtype (``model.dtype``; "auto" is bf16, the compute dtype on CUDA)."""
+    return config.model.dtype if config.model.dtype != "auto" else "bfloat16"
+
+
 def build_engine(config: Config, model=None, tokenizer=None):
     """The configured engine; ``model`` lets the trainer share its in-process policy with the hf engine."""
     from ctu.engines.registry import make_engine
@@ -55,7 +60,7 @@ def build_engine(config: Config, model=None, tokenizer=None):
     if kind == "remote":
         return make_engine("remote", base_url=config.engine.base_url, model=config.model.path,
                            api_key_env=config.engine.api_key_env)
-    return make_engine("vllm", model_path=config.model.path,
+    return make_engine("vllm", model_path=config.model.path, dtype=vllm_dtype(config),
                        gpu_memory_utilization=config.engine.gpu_memory_utilization, seed=config.run.seed,
                        max_model_len=config.env.max_context_tokens, enable_lora=config.engine.weight_sync == "adapter",
                        max_lora_rank=config.lora.rank, lora_alpha=config.lora.alpha, sampling_temperature=config.sampling.temperature,

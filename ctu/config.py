@@ -41,7 +41,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.5
     # After every weight sync a fixed probe sequence is scored by the engine and by the trainer;
     # the run stops when the largest per-token logprob difference exceeds this.
-    parity_tolerance: float = 0.1  # bf16 engines differ from the trainer by ~1e-2; stale weights by far more
+    parity_tolerance: float | None = None  # null: from the dtypes (ctu.engines.parity.default_parity_tolerance)
     parity_probe_tokens: int = 16
     weight_sync: Literal["merged", "adapter"] = "merged"  # vllm: merged HF weights, or the LoRA adapter (new id per version)
     colocated: bool = True  # vllm shares the GPU with the trainer: sleep during updates, wake for rollouts

@@ -107,7 +107,8 @@ def _update_problems(config: Config) -> list[str]:
     out += [f"{k}: must be >= 0, got {v}" for k, v in non_negative.items() if v < 0]
     positive = {"trainer.grad_clip": t.grad_clip, "trainer.sft_lr": t.sft_lr, "trainer.sft_batch_size": t.sft_batch_size,
                 "trainer.examples_interval": t.examples_interval, "lora.alpha": config.lora.alpha,
-                "engine.parity_tolerance": e.parity_tolerance, "engine.parity_probe_tokens": e.parity_probe_tokens}
+                "engine.parity_probe_tokens": e.parity_probe_tokens,
+                **({"engine.parity_tolerance": e.parity_tolerance} if e.parity_tolerance is not None else {})}
     out += [f"{k}: must be > 0, got {v}" for k, v in positive.items() if v <= 0]
     if not 0 <= config.lora.dropout < 1:
         out.append(f"lora.dropout: must be in [0, 1), got {config.lora.dropout}")
