@@ -36,6 +36,10 @@ micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
 - hf engine: rollouts run on the policy itself; its KV cache is bounded by max_batch_size x max_context_tokens.
 - overhead: the trainer's CUDA context (CUDA_CONTEXT) + 5% of the trainer's allocations for fragmentation.
 
+- layout (:func:`layout`): N = ``distributed.trainer_workers`` when set, else ``--gpus`` (``ctu train`` in one
+  process plans one GPU); Ray rollout workers add their engines to the trainer GPU they share (``colocated``: k
+  per GPU count k times; an hf worker holds its own bP copy) or take GPUs of their own (``split``).
+
 Peak = max(training phase, rollout phase); training = persistent (weights, reference, optimizer state) +
 gradients + max(activations + logit chunk + FSDP buffers, optimizer-step temporary) + vLLM (asleep or awake);
 rollout = persistent + gradients (they stay allocated until the next ``zero_grad``) + engine.

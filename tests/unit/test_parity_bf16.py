@@ -19,6 +19,10 @@ QWEN_VOCAB = 151_936
 
 @pytest.fixture(scope="module")
 def trainer_model():
+    return random_qwen_vocab_model()
+
+
+def random_qwen_vocab_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(vocab_size=QWEN_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
