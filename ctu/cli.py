@@ -213,7 +213,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from ctu.plan import plan
 
-    if args.gpus < 1:
+    if args.gpus is not None and args.gpus < 1:
         raise SystemExit(f"ctu: error: --gpus: must be >= 1, got {args.gpus}")
     if not math.isfinite(args.gpu_memory) or args.gpu_memory <= 0:
         raise SystemExit(f"ctu: error: --gpu-memory: must be a finite number of GiB > 0, got {args.gpu_memory:g}")
@@ -287,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "checkpointing, logit chunks, engine weights and KV cache); exit 0 if it fits.")
     plan.add_argument("config", nargs="?", default=None, help="YAML config, e.g. configs/qwen2.5-7b-multidomain.yaml")
     plan.add_argument("overrides", nargs="*", help="dotted overrides")
-    plan.add_argument("--gpus", type=int, default=1, help="GPUs (FSDP2 ranks); default 1")
+    plan.add_argument("--gpus", type=int, default=None,
+                      help="GPUs; default: what the config uses (1 unless distributed.trainer_workers is set)")
     plan.add_argument("--gpu-memory", type=float, default=80.0,
                       help="GiB per GPU as torch reports it (an 80 GB H100 has ~79.2, a 141 GB H200 ~139.8)")
     plan.set_defaults(func=cmd_plan)

@@ -42,7 +42,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.5
     # After every weight sync a fixed probe sequence is scored by the engine and by the trainer;
     # the run stops when the largest per-token logprob difference exceeds this.
-    parity_tolerance: float = 0.1  # bf16 engines differ from the trainer by ~1e-2; stale weights by far more
+    parity_tolerance: float | None = None  # null: from the dtypes (ctu.engines.parity.default_parity_tolerance)
     parity_probe_tokens: int = 16
     # vllm: merged HF weights, or the LoRA adapter (new id per version); auto: the adapter for LoRA on vLLM
     # without Ray rollout workers, else merged (see weight_sync_mode)

@@ -103,6 +103,8 @@ def _budget_problems(section: str, b: ChatAPIBudget) -> list[str]:
 
 def _update_problems(config: Config) -> list[str]:
     """Values that would otherwise fail (or silently misbehave) inside the first update, after a full rollout."""
+    from ctu.config import weight_sync_mode  # at call time: ctu.config imports this module
+
     t, e, out = config.trainer, config.engine, []
     if not 0 <= t.clip_low < 1:
         out.append(f"trainer.clip_low: must be in [0, 1) (the ratio's lower bound is 1 - clip_low), got {t.clip_low}")
@@ -120,7 +122,8 @@ def _update_problems(config: Config) -> list[str]:
     out += [f"{k}: must be >= 0, got {v}" for k, v in non_negative.items() if v < 0]
     positive = {"trainer.grad_clip": t.grad_clip, "trainer.sft_lr": t.sft_lr, "trainer.sft_batch_size": t.sft_batch_size,
                 "trainer.examples_interval": t.examples_interval, "lora.alpha": config.lora.alpha,
-                "engine.parity_tolerance": e.parity_tolerance, "engine.parity_probe_tokens": e.parity_probe_tokens}
+                "engine.parity_probe_tokens": e.parity_probe_tokens,
+                **({"engine.parity_tolerance": e.parity_tolerance} if e.parity_tolerance is not None else {})}
     out += [f"{k}: must be > 0, got {v}" for k, v in positive.items() if v <= 0]
     if not 0 <= config.lora.dropout < 1:
         out.append(f"lora.dropout: must be in [0, 1), got {config.lora.dropout}")
@@ -130,7 +133,7 @@ def _update_problems(config: Config) -> list[str]:
         out.append(f"filters.max_assistant_tokens: must be >= 1 (or null), got {config.filters.max_assistant_tokens}")
     if e.weight_sync == "adapter" and (e.kind != "vllm" or not config.lora.enabled):
         out.append("engine.weight_sync: 'adapter' needs engine.kind=vllm and lora.enabled=true")
-    if e.kind == "vllm" and config.lora.enabled and e.weight_sync != "merged":
+    if e.kind == "vllm" and config.lora.enabled and weight_sync_mode(config) == "adapter":
         from ctu.engines.vllm import VLLM_LORA_RANKS  # vLLM itself is not imported
 
         if config.lora.rank not in VLLM_LORA_RANKS:
@@ -139,9 +142,12 @@ def _update_problems(config: Config) -> list[str]:
     d = config.distributed
     if d.rollout_workers < 0:
         out.append(f"distributed.rollout_workers: must be >= 0, got {d.rollout_workers}")
-    if d.rollout_workers and (e.kind != "hf" or e.weight_sync == "adapter"):
-        out.append("distributed.rollout_workers: Ray rollout workers run the hf engine with merged weights "
-                   "(engine.kind=hf, engine.weight_sync=merged)")
+    if d.rollout_workers and (e.kind not in ("hf", "vllm") or weight_sync_mode(config) != "merged"):
+        out.append("distributed.rollout_workers: Ray rollout workers run the hf or vllm engine with merged weights "
+                   "(engine.kind=hf or vllm, engine.weight_sync=merged)")
+    if d.rollout_workers and e.kind == "vllm" and not d.trainer_workers:
+        out.append("distributed.rollout_workers: vLLM rollout workers get their GPU from the trainer ranks' placement "
+                   "group: set distributed.trainer_workers >= 1")
     if d.trainer_workers < 0:
         out.append(f"distributed.trainer_workers: must be >= 0, got {d.trainer_workers}")
     if d.placement not in ("colocated", "split"):

@@ -44,6 +44,10 @@ micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
   fp32 weights live as long as their use; without checkpointing backward saves them all (b x trainable), with
   it one at a time (the largest: lm_head, b V h).
 
+- layout (:func:`layout`): N = ``distributed.trainer_workers`` when set, else ``--gpus`` (``ctu train`` in one
+  process plans one GPU); Ray rollout workers add their engines to the trainer GPU they share (``colocated``: k
+  per GPU count k times; an hf worker holds its own bP copy) or take GPUs of their own (``split``).
+
 Peak = max(training, rollout, weight sync phase); weight sync = rollout + its transient; training = persistent (weights, reference, optimizer state) +
 gradients + max(activations + logit chunk + FSDP buffers, optimizer-step temporary) + vLLM (asleep or awake);
 rollout = persistent + gradients (they stay allocated until the next ``zero_grad``) + engine.
@@ -222,9 +226,42 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan(config, gpus: int = 1, gpu_memory_gb: float = 80.0, device: str = "cuda") -> Plan:
-    """The memory plan of ``config`` on ``gpus`` GPUs of ``gpu_memory_gb`` GiB each (``device="cpu"``: one
-    process's RAM, no CUDA context and no vLLM, for comparison with measured CPU peaks)."""
+@dataclass(frozen=True)
+class Layout:
+    """Where a run's processes go: ``ranks`` FSDP2 trainer ranks (one GPU each), ``engines`` rollout engines
+    sharing each trainer GPU, ``own_copy`` whether an hf engine holds its own model (a Ray worker) rather than
+    using the policy's, ``engine_gpus`` GPUs holding only an engine (split placement), ``needed`` GPUs in all."""
+
+    ranks: int
+    engines: int
+    own_copy: bool
+    engine_gpus: int
+    needed: int
+
+
+def layout(config, gpus: int | None = None) -> Layout:
+    """The GPUs ``config`` uses. ``distributed.trainer_workers=0`` trains in this process on one GPU; ``ctu plan
+    --gpus N`` then shows FSDP2 over N ranks (what ``distributed.trainer_workers=N`` does). Ray rollout workers
+    share trainer rank k % N's GPU (``colocated``) or get a GPU each (``split``); without trainer ranks they
+    have no GPU placement (CPU)."""
+    d = getattr(config, "distributed", None)
+    tw, rw = (d.trainer_workers, d.rollout_workers) if d is not None else (0, 0)
+    if not tw:
+        ranks = gpus or 1
+        return Layout(ranks, 0 if rw else 1, False, 0, ranks)
+    if not rw:
+        return Layout(tw, 1, False, 0, tw)
+    if d.placement == "split":
+        return Layout(tw, 0, True, rw, tw + rw)
+    return Layout(tw, -(-rw // tw), True, 0, tw)
+
+
+def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: str = "cuda") -> Plan:
+    """The memory plan of ``config`` on ``gpus`` GPUs of ``gpu_memory_gb`` GiB each (None: the GPUs its
+    :func:`layout` needs; ``device="cpu"``: one process's RAM, no CUDA context and no vLLM, for comparison with
+    measured CPU peaks)."""
+    where = layout(config, gpus)
+    gpus = where.needed if gpus is None else gpus
     if gpus < 1:
         raise ValueError(f"need gpus >= 1, got {gpus}")
     if not math.isfinite(gpu_memory_gb) or gpu_memory_gb <= 0:  # nan compares false with everything
@@ -233,7 +270,7 @@ def plan(config, gpus: int = 1, gpu_memory_gb: float = 80.0, device: str = "cuda
     cuda = device != "cpu"
     dtype = config.model.dtype
     b = {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 2 if cuda else 4)
-    n, memory = gpus, int(gpu_memory_gb * GiB)
+    n, memory = where.ranks, int(gpu_memory_gb * GiB)
     p = parameter_count(a)
     lora = config.lora.enabled
     targets = tuple(config.lora.target_modules)
@@ -274,9 +311,14 @@ def plan(config, gpus: int = 1, gpu_memory_gb: float = 80.0, device: str = "cuda
     forward = parts[next(k for k in parts if k.startswith("activations"))] + parts["logit chunk"]
     forward += parts.get("FSDP2 gather buffers", 0) + parts.get("autocast casts (compute dtype)", 0)
     notes, problems = [], []
+    if where.needed > gpus:
+        problems.append(f"distributed: {where.ranks} trainer ranks + {where.engine_gpus} split rollout workers need "
+                        f"{where.needed} GPUs, {gpus} given")
     train = persistent + parts["gradients (fp32)"] + max(forward, step_temp)
     rollout = persistent + parts["gradients (fp32)"]
-    kind = config.engine.kind
+    kind, k = config.engine.kind, where.engines
+    if where.engines > 1:
+        notes.append(f"{k} rollout workers share each trainer GPU: their engines count {k} times")
     if kind == "vllm" and cuda:
         fraction = int(config.engine.gpu_memory_utilization * memory)
         parts["vLLM weights (bf16)"] = 2 * p
@@ -295,17 +337,26 @@ def plan(config, gpus: int = 1, gpu_memory_gb: float = 80.0, device: str = "cuda
         else:
             notes.append(f"vLLM KV cache holds {kv // kv_bytes_per_token(a)} tokens "
                          f"({kv // need_kv} sequences of {config.env.max_context_tokens})")
-        rollout += fraction
+        if where.engine_gpus:
+            notes.append(f"split placement: vLLM uses {fraction / GiB:.1f} GiB of each of {where.engine_gpus} rollout "
+                         "GPUs; the trainer GPUs hold no engine")
+        rollout += k * fraction
         if config.engine.colocated:
-            parts["vLLM asleep (during updates)"] = VLLM_ASLEEP
-            train += VLLM_ASLEEP
+            parts["vLLM asleep (during updates)"] = k * VLLM_ASLEEP
+            train += k * VLLM_ASLEEP
         else:
-            train += fraction
+            train += k * fraction
             notes.append("engine.colocated=false: vLLM stays awake on this GPU during updates")
     elif kind == "hf":
         parts["hf engine KV cache (bound)"] = (kv_bytes_per_token(a, b) * config.engine.max_batch_size
                                                * config.env.max_context_tokens)
-        rollout += parts["hf engine KV cache (bound)"]
+        if where.own_copy:  # a Ray rollout worker loads its own copy of the model in the compute dtype
+            parts["hf rollout worker's model copy"] = b * p
+            engine = parts["hf engine KV cache (bound)"] + parts["hf rollout worker's model copy"]
+            if where.engine_gpus and engine + CUDA_CONTEXT > memory:
+                problems.append(f"split rollout worker needs {(engine + CUDA_CONTEXT) / GiB:.1f} GiB per GPU, "
+                                f"{gpu_memory_gb:g} GiB given")
+        rollout += k * (parts["hf engine KV cache (bound)"] + parts.get("hf rollout worker's model copy", 0))
         if getattr(config.engine, "kv_reuse", False):
             parts["hf engine KV kept across turns (engine.kv_cache_tokens)"] = (kv_bytes_per_token(a, b)
                                                                                 * config.engine.kv_cache_tokens)
@@ -326,21 +377,26 @@ def plan(config, gpus: int = 1, gpu_memory_gb: float = 80.0, device: str = "cuda
             problems.insert(0, f"{phase} phase needs {total / GiB:.1f} GiB per GPU, {gpus} x {gpu_memory_gb:g} "
                                f"GiB has {memory / GiB:.1f} (short by {(total - memory) / GiB:.1f} GiB)")
     if n > 1 and not getattr(getattr(config, "distributed", None), "trainer_workers", 0):
-        notes.append(f"{n} GPUs assume FSDP2 FULL_SHARD over {n} trainer ranks")
+        notes.append(f"{n} GPUs assume FSDP2 FULL_SHARD over {n} trainer ranks: `ctu train` needs "
+                     f"distributed.trainer_workers={n} for that (without it, it trains on one GPU)")
     return Plan(config.model.path, gpus, memory, p, trainable, parts, other, train, rollout, notes, problems, sync)
 
 
-def check_fits(config, gpus: int = 1, gpu_memory_gb: float = 80.0) -> Plan:
-    """The plan, or a one-line ValueError naming what does not fit and by how much."""
+def check_fits(config, gpus: int | None = None, gpu_memory_gb: float = 80.0) -> Plan:
+    """The plan, or a one-line ValueError naming what does not fit and by how much. ``gpus`` None: the GPUs the
+    run uses (:func:`layout`: one in process, whatever the machine has, or the Ray trainer ranks' own)."""
     result = plan(config, gpus, gpu_memory_gb)
     if not result.fits:
-        raise ValueError(f"memory plan: {config.model.path} does not fit on {gpus} x {gpu_memory_gb:g} GiB: "
-                         + "; ".join(result.problems) + " (see `ctu plan`)")
+        hint = ("; on N GPUs set distributed.trainer_workers=N distributed.rollout_workers=N"
+                if not config.distributed.trainer_workers else "")
+        raise ValueError(f"memory plan: {config.model.path} does not fit on {result.gpus} x {gpu_memory_gb:g} GiB: "
+                         + "; ".join(result.problems) + f" (see `ctu plan`{hint})")
     return result
 
 
 def cuda_hardware() -> tuple[int, float] | None:
-    """(visible GPUs, GiB of the smallest) when CUDA is available, else None: what ``ctu train`` checks."""
+    """(visible GPUs, GiB of the smallest) when CUDA is available, else None. ``ctu train`` checks the GiB only:
+    the GPUs a run uses are its :func:`layout`'s, not the machine's."""
     import torch
 
     if not torch.cuda.is_available():
@@ -356,7 +412,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="ctu plan", description="Per-GPU memory plan of a training config.")
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--gpus", type=int, default=None)
     parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU as torch reports it (default 80; an 80 GB H100/A100 has ~79.2, a 141 GB H200 ~139.8)")
     args = parser.parse_args(argv)
     result = plan(load_config(args.config, args.overrides), args.gpus, args.gpu_memory)

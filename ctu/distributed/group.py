@@ -203,13 +203,20 @@ class LocalTrainer(TrainerGroup):
                                reference=self.policy.reference_state() if with_reference else None)
 
     def load(self, path):
-        from ctu.train.checkpoint import load_checkpoint, load_reference
+        """Either format: this process's (``trainable.pt``) or the DCP shards Ray trainer ranks wrote (read
+        unsharded here, whatever world size wrote them); both keep the KL reference in ``reference.pt``."""
+        from ctu.train.checkpoint import checkpoint_format, load_checkpoint, load_reference
 
         reference = load_reference(path)
         if reference is not None:
             self.policy.load_reference_state(reference)
-        step, extra = load_checkpoint(path, model=self.policy.model, optimizer=self.optimizer,
-                                      scheduler=self.scheduler)
+        if checkpoint_format(path) == "dcp":
+            from ctu.distributed.dcp import load_sharded
+
+            step, extra = load_sharded(path, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler)
+        else:
+            step, extra = load_checkpoint(path, model=self.policy.model, optimizer=self.optimizer,
+                                          scheduler=self.scheduler)
         return step, extra, reference is not None
 
     def export(self, out_dir, base_path):

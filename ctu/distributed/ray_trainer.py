@@ -162,7 +162,11 @@ class TrainerRank:
     def load(self, path: str) -> tuple[int, dict, bool]:
         from ctu.distributed.dcp import load_sharded
         from ctu.distributed.reference import load_sharded_reference
+        from ctu.train.checkpoint import checkpoint_format
 
+        if checkpoint_format(path) != "dcp":
+            raise ValueError(f"trainer.resume: {path} was written in one process (trainable.pt), not by Ray trainer "
+                             "ranks: resume it with distributed.trainer_workers=0")
         file = Path(path) / REFERENCE
         rebased = file.is_file()
         if rebased:

@@ -51,6 +51,29 @@ def probe_parity(engine: Engine, score_fn: ScoreFn, prompt_ids: Sequence[int] = 
     return float((engine_lp - trainer).abs().max())
 
 
+# Default tolerance (engine.parity_tolerance: null). A logit z with |z| < 2 * LOGIT_SCALE is stored in a dtype with
+# e bits after the point 32 * 2^-e apart (bf16, e=7: 0.25 in [32, 64); 0.125 in [16, 32)). Two paths that round
+# differently (vLLM vs the trainer's autocast, KV-cached decode vs a full forward) move the sampled token's logit
+# and the log-sum-exp by up to a spacing each, more after the hidden states' own rounding: PARITY_SPACINGS
+# spacings, divided by the temperature (the probe scores log_softmax(z / T)). A random Qwen-vocabulary model in
+# bf16 on CPU (tests/unit/test_parity_bf16.py) shows 0.12-0.45 nats between two bf16 paths at T = 1.
+LOGIT_SCALE = 32.0
+PARITY_SPACINGS = 4
+MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
+MIN_TOLERANCE = 1e-2  # fp32: TF32 matmuls on CUDA round like fp16's 10 bits; CPU paths agree to ~1e-6
+
+
+def default_parity_tolerance(dtypes: Sequence[str], temperature: float) -> float:
+    """The parity tolerance for logits computed in the coarsest of ``dtypes`` (the trainer's compute dtype and
+    the engine's), probed at ``temperature`` (greedy probes score plain log_softmax: T = 1)."""
+    unknown = [d for d in dtypes if d not in MANTISSA_BITS]
+    if unknown or not dtypes:
+        raise ValueError(f"parity tolerance: unknown dtype(s) {unknown or dtypes} (known: {', '.join(MANTISSA_BITS)})")
+    spacing = LOGIT_SCALE * 2.0 ** -min(MANTISSA_BITS[d] for d in dtypes)
+    scale = 1.0 / temperature if 0 < temperature < 1 else 1.0
+    return max(MIN_TOLERANCE, PARITY_SPACINGS * spacing * scale)
+
+
 def check_parity(diff: float, tolerance: float) -> None:
     """Raise :class:`ParityError` (one line) when ``diff`` exceeds ``tolerance``."""
     if not diff <= tolerance:  # NaN fails too

@@ -115,6 +115,11 @@ def resolve_resume(root: str | Path, resume: str | None) -> Path | None:
     return path
 
 
+def checkpoint_format(path: str | Path) -> str:
+    """"dcp" (``ctu.distributed.dcp``: shards from Ray trainer ranks) or "local" (this module's ``trainable.pt``)."""
+    return json.loads((Path(path) / COMPLETE).read_text()).get("format", "local")
+
+
 def load_checkpoint(path: str | Path, *, model, optimizer, scheduler) -> tuple[int, dict[str, Any]]:
     path = Path(path)
     weights = torch.load(path / "trainable.pt", map_location="cpu", weights_only=True)

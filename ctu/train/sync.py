@@ -15,7 +15,7 @@ import time
 import torch
 
 from ctu.config import Config, weight_sync_mode
-from ctu.engines.parity import check_parity
+from ctu.engines.parity import check_parity, default_parity_tolerance
 from ctu.train.weights import hf_name
 
 
@@ -32,6 +32,22 @@ def adapter_named_tensors(model: torch.nn.Module):
     for name, param in model.named_parameters():
         if ".lora_" in name:
             yield name, param.detach()
+
+
+def parity_dtypes(config: Config) -> tuple[str, str]:
+    """(the trainer's compute dtype, the engine's): ``model.dtype``; "auto" is fp32 only where the run is known to
+    be on CPU (in process, no CUDA), else bf16 (``build_policy`` on CUDA; Ray ranks may have GPUs the driver
+    lacks; the coarser guess cannot stop a run falsely). vLLM runs the same (``ctu.engines.vllm.vllm_dtype``)."""
+    on_cpu = not torch.cuda.is_available() and not config.distributed.trainer_workers
+    trainer = config.model.dtype if config.model.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
+    return trainer, trainer
+
+
+def parity_tolerance(config: Config) -> float:
+    """``engine.parity_tolerance``, or the default for the run's dtypes at the probe's (sampling) temperature."""
+    if config.engine.parity_tolerance is not None:
+        return config.engine.parity_tolerance
+    return default_parity_tolerance(parity_dtypes(config), config.sampling.temperature)
 
 
 class WeightSync:
@@ -68,6 +84,6 @@ class WeightSync:
         diffs = self.pool.parity(self.group.score, temperature=self.config.sampling.temperature,
                                  tokens=self.config.engine.parity_probe_tokens, seed=self.config.run.seed)
         diff = max(diffs) if all(d == d for d in diffs) else float("nan")  # a dead worker reports NaN
-        check_parity(diff, self.config.engine.parity_tolerance)
+        check_parity(diff, parity_tolerance(self.config))
         return {"logprob_max_abs_diff": diff, "version": float(self.version),
                 "seconds": time.perf_counter() - started}

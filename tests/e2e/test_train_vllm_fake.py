@@ -11,7 +11,8 @@ from tests.fakes import fake_vllm
 
 
 def vllm_config(run_dir, *extra):
-    return config(run_dir, "engine.kind=vllm", "trainer.max_steps=2", "trainer.eval_before_train=false",
+    # model.dtype=float32: the fake computes in fp32 like the CPU trainer (the parity tolerance follows the dtype)
+    return config(run_dir, "engine.kind=vllm", "model.dtype=float32", "trainer.max_steps=2", "trainer.eval_before_train=false",
                   "trainer.export=false", "trainer.lr=0.05", "trainer.sft_steps=1", "trainer.sft_lr=0.05",
                   "trainer.sft_batch_size=2", *extra)
 

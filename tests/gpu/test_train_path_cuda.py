@@ -72,6 +72,7 @@ def test_parity_probe_after_a_bf16_update(tmp_path):
     from ctu.models import load_model
     from ctu.train.logprobs import token_logprobs
     from ctu.train.policy import build_policy
+    from ctu.train.sync import parity_tolerance
     from ctu.train.update import policy_update
 
     path = qwen_path(tmp_path, layers=2, hidden=128)
@@ -91,4 +92,4 @@ def test_parity_probe_after_a_bf16_update(tmp_path):
     for engine in (shared, separate):
         diff = probe_parity(engine, score, temperature=1.0, tokens=16, seed=0)
         print(f"parity diff ({'shared' if engine is shared else 'separate'}): {diff:.4f}")
-        check_parity(diff, config.engine.parity_tolerance)
+        check_parity(diff, parity_tolerance(config))

@@ -295,3 +295,32 @@ def test_dcp_checkpoint_commits_atomically_and_loads_at_another_world_size(model
         torch.testing.assert_close(loaded[name], t, rtol=0, atol=0)
     states = [s for s in opt.state.values() if "exp_avg" in s]
     assert len(states) == len(loaded) and all(float(s["exp_avg"].abs().sum()) > 0 for s in states)
+
+
+def test_a_checkpoint_of_two_fsdp_ranks_resumes_in_one_process(model_path, distributed):
+    """``distributed.trainer_workers=0`` resuming a run that Ray trainer ranks checkpointed (DCP shards)."""
+    from ctu.config import load_config
+    from ctu.distributed.group import LocalTrainer
+    from ctu.train.checkpoint import checkpoint_format
+
+    got = distributed["checkpoint"]
+    path = Path(got["path"])
+    assert checkpoint_format(path) == "dcp" and json.loads((path / "checkpoint.json").read_text())["world_size"] == 2
+    local = LocalTrainer(load_config(None, [f"model.path={model_path}", *COMMON, "lora.enabled=true"]), device="cpu")
+    step, extra, rebased = local.load(path)
+    assert (step, extra, rebased) == (1, {"cursor": 7}, False)
+    loaded = trainable_full(local.policy)
+    assert sorted(loaded) == sorted(got["weights"])
+    for name, t in got["weights"].items():
+        torch.testing.assert_close(loaded[name], t, rtol=0, atol=0)
+    states = [s for s in local.optimizer.state.values() if "exp_avg" in s]
+    assert len(states) == len(loaded) and all(float(s["exp_avg"].abs().sum()) > 0 for s in states)
+
+
+def test_ray_ranks_refuse_a_one_process_checkpoint_with_one_line(tmp_path):
+    from ctu.distributed.ray_trainer import TrainerRank
+
+    (tmp_path / "checkpoint.json").write_text(json.dumps({"step": 3}))  # save_checkpoint's marker: no format
+    with pytest.raises(ValueError, match=r"written in one process .* distributed.trainer_workers=0") as err:
+        TrainerRank(None, 0, 1).load(str(tmp_path))
+    assert "\n" not in str(err.value)

@@ -90,18 +90,42 @@ def test_mini_batches_are_optimizer_steps_over_episodes_and_the_scheduler_counts
     assert sched.last_epoch == 8  # one scheduler step per optimizer step that happened
 
 
-@given(st.integers(1, 40), st.integers(1, 8), st.integers(0, 1000))
-def test_split_episodes_partitions_and_reshuffles_with_the_seed(n, parts, seed):
+def check_split(split, n: int, parts: int, seed: int) -> None:
+    """What ``split_episodes`` promises: a partition into near-equal parts, decided by the run's seed, and
+    reshuffled every epoch (each call draws on the same ``rng``)."""
     rng = random.Random(seed)
-    first = split_episodes(n, parts, rng)
-    second = split_episodes(n, parts, rng)
+    first = split(n, parts, rng)
     assert sorted(i for p in first for i in p) == list(range(n))
     assert len(first) == min(parts, n) and max(map(len, first)) - min(map(len, first)) <= 1
-    assert split_episodes(n, parts, random.Random(seed)) == first  # the run's seed decides
-    if n >= 8 and parts >= 2:
-        again = [split_episodes(n, parts, random.Random(seed)) for _ in range(2)]
-        assert again[0] == again[1]
-        assert isinstance(second, list)
+    assert split(n, parts, random.Random(seed)) == first  # the run's seed decides
+    if n >= 8 and parts >= 2:  # the next epochs reshuffle (held for every n, parts, seed drawn here)
+        assert any(split(n, parts, rng) != first for _ in range(3))
+
+
+@given(st.integers(1, 40), st.integers(1, 8), st.integers(0, 1000))
+def test_split_episodes_partitions_and_reshuffles_with_the_seed(n, parts, seed):
+    check_split(split_episodes, n, parts, seed)
+
+
+def _no_shuffle(n, parts, rng):
+    return split_episodes(n, parts, random.Random(0))  # ignores the run's rng: every epoch the same split
+
+
+def _global_random(n, parts, rng):
+    return split_episodes(n, parts, random)  # the process's RNG, not the run's seed
+
+
+def _uneven(n, parts, rng):
+    out = split_episodes(n, parts, rng)
+    return [out[0] + out[1], *out[2:]] if len(out) > 1 else out  # one part too many episodes
+
+
+@pytest.mark.parametrize("broken", [_no_shuffle, _global_random, _uneven])
+def test_the_split_property_fails_on_broken_splits(broken):
+    random.seed(123)
+    with pytest.raises(AssertionError):
+        for seed in range(5):
+            check_split(broken, 16, 4, seed)
 
 
 def test_epochs_reshuffle_the_episodes():
