@@ -88,3 +88,24 @@ def tau2_reference(session: nox.Session) -> None:
     """Re-score fixtures/tau2_reference with tau2 (default --check), or --generate DIR: see scripts/make_tau2_reference.py."""
     _install_oracle(session)
     session.run("python", "-m", "scripts.make_tau2_reference", *session.posargs, env=ORACLE_ENV)
+
+
+@nox.session
+def outcome(session: nox.Session) -> None:
+    """Not in the default selection (~15 min of CPU per seed): the quickstart for seeds 0-2 in runs/outcome/seed_N,
+    then RL's change with intervals (scripts/outcome.py). ``nox -s outcome -- 0 1 2 3 4`` picks the seeds; a seed whose
+    run finished (eval/history.jsonl has a final evaluation) is not run again."""
+    import json
+    from pathlib import Path
+
+    _install(session)
+    seeds = session.posargs or ["0", "1", "2"]
+    dirs = [f"runs/outcome/seed_{s}" for s in seeds]
+    for seed, run_dir in zip(seeds, dirs, strict=True):
+        history = Path(run_dir) / "eval" / "history.jsonl"
+        if history.exists() and any(json.loads(x)["phase"] == "final" for x in history.read_text().splitlines() if x):
+            session.log(f"{run_dir}: finished before, kept")
+            continue
+        session.run("python", "-m", "ctu", "train", "configs/quickstart.yaml", f"run.seed={seed}", f"run.dir={run_dir}",
+                    "run.overwrite=true")
+    session.run("python", "-m", "scripts.outcome", *dirs, "--json", "runs/outcome/outcome.json")
