@@ -50,10 +50,12 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"{Path(r['run']).name[-32:]:<32} {r['tasks']:>5}  {ci(r['warm']):<22} {ci(r['final']):<22} "
                      f"{ci(r['change'], '+')}")
     s, pooled, n = result["change_across_seeds"], result["change_pooled"], result["change_across_seeds"]["n"]
+    spread = (f"95% t interval over seeds [{s['low']:+.3f}, {s['high']:+.3f}]" if n > 1
+              else "no interval over seeds from one run")
     lines.append(f"RL change (final - warm start) over {n} seeds: mean {s['mean']:+.3f}, min {s['min']:+.3f}, "
-                 f"max {s['max']:+.3f}; 95% t interval over seeds [{s['low']:+.3f}, {s['high']:+.3f}]")
+                 f"max {s['max']:+.3f}; {spread}")
     lines.append(f"pooled paired bootstrap over {pooled['n']} (seed, task) pairs: {ci(pooled, '+')}")
-    holds = s["low"] > 0 and pooled["low"] > 0
+    holds = n > 1 and s["low"] > 0 and pooled["low"] > 0
     lines.append("the gain holds at 95% across seeds" if holds else
                  "not established: an interval reaches 0 or below; report the change with its interval, not as a gain")
     return "\n".join(lines)
