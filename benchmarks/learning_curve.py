@@ -177,6 +177,8 @@ def main() -> None:
                 demos = [s for d in trainer.domains for s in gold_samples(trainer.chat, d, demo_tasks(d, kinds))]
             else:
                 demos = warm_start_samples(trainer.chat, trainer.domains, config.trainer.sft_data)
+            print(f"seed {seed}, {label}: {len(demos)} demonstrations"
+                  + (f" of kinds {' '.join(kinds)}" if kinds else ""), flush=True)
             if seed not in warm and cache is not None and cache.exists():
                 warm[seed] = torch.load(cache), json.loads(cache.with_suffix(".json").read_text())
             if seed in warm:
@@ -239,8 +241,8 @@ def table(results: dict) -> None:
         s = summary["across_seeds"]
         cells = ", ".join(f"seed {r['seed']}: " + " ".join(f"{p['success']:.3f}@{p['seconds']:.0f}s" for p in r["points"])
                           for r in runs)
-        print(f"{arm}: mean gain {s['mean']:+.3f} (min {s['min']:+.3f}, max {s['max']:+.3f}, 95% t interval over "
-              f"{s['n']} seeds [{s['low']:+.3f}, {s['high']:+.3f}]) ({cells})")
+        spread = f"95% t interval over {s['n']} seeds [{s['low']:+.3f}, {s['high']:+.3f}]" if s["n"] > 1 else "one seed"
+        print(f"{arm}: mean gain {s['mean']:+.3f} (min {s['min']:+.3f}, max {s['max']:+.3f}, {spread}) ({cells})")
         for group in ("with_demos", "without_demos"):
             gains = [r["points"][-1]["by_demos"][group] - r["points"][0]["by_demos"][group] for r in runs
                      if "by_demos" in r["points"][0] and r["points"][0]["by_demos"][group] is not None]
