@@ -96,7 +96,7 @@ def engine_decode(model, tokenizer, prompts, new_tokens: int, autocast: bool) ->
         with ctx:
             return engine.generate_sync(prompts, params)
 
-    prefill = best_seconds(lambda: run(1), repeats=2)
+    prefill = best_seconds(lambda: run(1), repeats=1)
     started = time.perf_counter()
     out = run(new_tokens)
     total = time.perf_counter() - started
@@ -135,9 +135,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt-tokens", type=int, default=400)
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--no-lora", action="store_true", help="skip the LoRA-wrapped measurement")
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: torch's); 1 on a crowded machine, where threads wait on each other")
+    ap.add_argument("--variants", nargs="+", default=["fp32", "autocast", "bf16", "lora"],
+                    help="engine measurements to run: fp32 autocast bf16 lora")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (a busy machine measures low)")
@@ -166,10 +171,10 @@ def main() -> None:
                   f"{1e3 * seconds:>8.1f} {bound:>8} {batch / seconds:>9.0f}")
 
     prompts = prompts_for(tokenizer, args.batch, args.prompt_tokens)
-    variants = [("fp32", model, False), ("fp32 + bf16 autocast", model, True),
-                ("bf16 weights", copy.deepcopy(model).to(torch.bfloat16), False)]
-    if not args.no_lora:
-        variants.append(("fp32 LoRA (as ctu train)", lora_wrapped(model), False))
+    makers = {"fp32": lambda: ("fp32", model, False), "autocast": lambda: ("fp32 + bf16 autocast", model, True),
+              "bf16": lambda: ("bf16 weights", copy.deepcopy(model).to(torch.bfloat16), False),
+              "lora": lambda: ("fp32 LoRA (as ctu train)", lora_wrapped(model), False)}
+    variants = [makers[v]() for v in args.variants]
     print(f"\nHFEngine decode, batch {args.batch}, {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens")
     print(f"{'variant':<26} {'prefill s':>9} {'ms/step':>8} {'tokens/s':>9} {'of roofline':>11}")
     for name, m, autocast in variants:
