@@ -83,6 +83,22 @@ def prompts_for(tokenizer, batch: int, prompt_tokens: int) -> list[list[int]]:
     return [prefix + tokenizer.encode(f" Where is my order O{1001 + i}?")[:8] for i in range(batch)]
 
 
+def mini_prompts(tokenizer, batch: int) -> list[list[int]]:
+    """The first agent turn of ``batch`` mini test tasks, rendered as the quickstart renders them (compact
+    template): what a rollout's first decode sees."""
+    from ctu.chat import ChatFormat
+    from ctu.data.conversations import gold_conversations
+    from ctu.domains import get_domain
+
+    chat = ChatFormat(tokenizer, template="compact")
+    domain = get_domain("mini")
+    prompts = []
+    for conversation in gold_conversations(domain, list(domain.split("test"))[:batch]):
+        first = next(i for i, m in enumerate(conversation.messages) if m.get("role") == "assistant")
+        prompts.append(chat.prompt_ids(conversation.messages[:first], conversation.tools))
+    return prompts
+
+
 def engine_decode(model, tokenizer, prompts, new_tokens: int, autocast: bool) -> dict[str, float]:
     """Decode tokens/s of HFEngine.generate_sync (quickstart sampling: temperature 0.9, top-p 0.95, seeded)."""
     engine = HFEngine(model, tokenizer, max_batch_size=len(prompts))
@@ -136,6 +152,9 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=400)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--prompts", choices=["mini", "synthetic"], default="mini",
+                    help="mini: the first agent turn of mini test tasks (compact template); synthetic: a repeated text "
+                         "of --prompt-tokens tokens")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: torch's); 1 on a crowded machine, where threads wait on each other")
     ap.add_argument("--variants", nargs="+", default=["fp32", "autocast", "bf16", "lora"],
@@ -157,7 +176,7 @@ def main() -> None:
     model.eval()
     tokenizer = load_tokenizer(args.model)
     n_params = sum(p.numel() for p in model.parameters())
-    context = args.prompt_tokens + args.new_tokens // 2
+    context = args.prompt_tokens + args.new_tokens // 2  # with --prompts mini: ~the mini prompts' length
     print(f"\n{args.model}: {n_params / 1e6:.1f}M parameters, context ~{context} tokens")
     print(f"{'roofline':<24} {'MB/step':>8} {'GFLOP/step':>10} {'ms/step':>8} {'bound':>8} {'tokens/s':>9}")
     bound_tps = {}
@@ -170,12 +189,14 @@ def main() -> None:
             print(f"batch {batch:>2} {name:<15} {cost['bytes'] / 1e6:>8.0f} {cost['flops'] / 1e9:>10.2f} "
                   f"{1e3 * seconds:>8.1f} {bound:>8} {batch / seconds:>9.0f}")
 
-    prompts = prompts_for(tokenizer, args.batch, args.prompt_tokens)
+    prompts = (mini_prompts(tokenizer, args.batch) if args.prompts == "mini"
+               else prompts_for(tokenizer, args.batch, args.prompt_tokens))
+    print(f"\nprompts: {args.prompts}, {min(map(len, prompts))}-{max(map(len, prompts))} tokens")
     makers = {"fp32": lambda: ("fp32", model, False), "autocast": lambda: ("fp32 + bf16 autocast", model, True),
               "bf16": lambda: ("bf16 weights", copy.deepcopy(model).to(torch.bfloat16), False),
               "lora": lambda: ("fp32 LoRA (as ctu train)", lora_wrapped(model), False)}
     variants = [makers[v]() for v in args.variants]
-    print(f"\nHFEngine decode, batch {args.batch}, {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens")
+    print(f"\nHFEngine decode, batch {args.batch}, {args.new_tokens} new tokens (temperature 0.9, top-p 0.95)")
     print(f"{'variant':<26} {'prefill s':>9} {'ms/step':>8} {'tokens/s':>9} {'of roofline':>11}")
     for name, m, autocast in variants:
         r = engine_decode(m, tokenizer, prompts, args.new_tokens, autocast)
