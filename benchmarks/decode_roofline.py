@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import os
 import time
 from contextlib import nullcontext
@@ -108,7 +109,14 @@ def engine_decode(model, tokenizer, prompts, new_tokens: int, autocast: bool) ->
         if engine.kv_store is not None:
             engine.kv_store.clear()
         params = SamplingParams(max_tokens=n, temperature=0.9, top_p=0.95, seed=0)
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else nullcontext()
+        if autocast == "fullsort":  # top-p as before: every row's whole vocabulary sorted
+            from unittest import mock
+
+            import ctu.engines.hf as hf
+
+            ctx = mock.patch.object(hf, "nucleus", functools.partial(hf.nucleus, first=10 ** 9))
+        else:
+            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else nullcontext()
         with ctx:
             return engine.generate_sync(prompts, params)
 
@@ -157,8 +165,9 @@ def main() -> None:
                          "of --prompt-tokens tokens")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: torch's); 1 on a crowded machine, where threads wait on each other")
-    ap.add_argument("--variants", nargs="+", default=["fp32", "autocast", "bf16", "lora"],
-                    help="engine measurements to run: fp32 autocast bf16 lora")
+    ap.add_argument("--variants", nargs="+", default=["fp32", "fullsort", "autocast", "bf16", "lora"],
+                    help="engine measurements to run: fp32 fullsort (top-p by sorting every row, as before) "
+                         "autocast bf16 lora")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -194,7 +203,8 @@ def main() -> None:
     print(f"\nprompts: {args.prompts}, {min(map(len, prompts))}-{max(map(len, prompts))} tokens")
     makers = {"fp32": lambda: ("fp32", model, False), "autocast": lambda: ("fp32 + bf16 autocast", model, True),
               "bf16": lambda: ("bf16 weights", copy.deepcopy(model).to(torch.bfloat16), False),
-              "lora": lambda: ("fp32 LoRA (as ctu train)", lora_wrapped(model), False)}
+              "lora": lambda: ("fp32 LoRA (as ctu train)", lora_wrapped(model), False),
+              "fullsort": lambda: ("fp32, full-sort top-p", model, "fullsort")}
     variants = [makers[v]() for v in args.variants]
     print(f"\nHFEngine decode, batch {args.batch}, {args.new_tokens} new tokens (temperature 0.9, top-p 0.95)")
     print(f"{'variant':<26} {'prefill s':>9} {'ms/step':>8} {'tokens/s':>9} {'of roofline':>11}")

@@ -31,6 +31,9 @@ def logits_of(kind, rows=16, vocab=49152, seed=0):
         return torch.randn(rows, vocab, generator=g) * 3.0 + 12.0 * (torch.rand(rows, vocab, generator=g) > 0.9995)
     if kind == "flat":  # a random model: the nucleus holds most of the vocabulary
         return torch.randn(rows, vocab, generator=g) * 0.1
+    if kind == "mixed":  # rows of both: only the flat ones need the full sort
+        return torch.where(torch.arange(rows)[:, None] % 3 == 0, logits_of("flat", rows, vocab, seed),
+                           logits_of("peaked", rows, vocab, seed))
     if kind == "ties":  # equal probabilities straddle the nucleus edge
         x = torch.full((rows, vocab), -20.0)
         x[:, :40] = 5.0
@@ -38,7 +41,7 @@ def logits_of(kind, rows=16, vocab=49152, seed=0):
     raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["peaked", "flat", "ties"])
+@pytest.mark.parametrize("kind", ["peaked", "flat", "mixed", "ties"])
 @pytest.mark.parametrize("temperature,top_p", [(0.9, 0.95), (1.0, 0.5), (0.7, 0.999)])
 @pytest.mark.parametrize("per_row", [False, True])
 def test_same_tokens_and_logprobs_as_the_full_sort(kind, temperature, top_p, per_row):
@@ -62,12 +65,12 @@ def test_a_narrow_nucleus_sorts_no_full_row(monkeypatch):
     real_sort = torch.Tensor.sort
 
     def sort(self, *args, **kwargs):
-        widths.append(self.shape[-1])
+        widths.append(tuple(self.shape))
         return real_sort(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "sort", sort)
     params = SamplingParams(max_tokens=1, temperature=0.9, top_p=0.95)
     sample_next(logits_of("peaked"), params, torch.Generator().manual_seed(0))
-    assert all(w < 49152 for w in widths)
-    sample_next(logits_of("flat"), params, torch.Generator().manual_seed(0))  # the nucleus is most of the vocabulary
-    assert widths and widths[-1] == 49152
+    assert widths == []
+    sample_next(logits_of("mixed"), params, torch.Generator().manual_seed(0))
+    assert widths == [(6, 49152)]  # rows 0, 3, ..., 15 are flat: their nucleus is most of the vocabulary
