@@ -217,3 +217,24 @@ def minimums(session: nox.Session) -> None:
     # its own model cache: tiny-random saved by a newer transformers (TokenizersBackend) does not load in 4.56
     cache = {"CTU_CACHE_DIR": f"{session.virtualenv.location}/ctu-cache"}
     session.run("python", "-m", "pytest", *MINIMUM_TESTS, "-q", "-p", "no:warnings", *session.posargs, env=cache)
+
+
+@nox.session
+def outcome(session: nox.Session) -> None:
+    """Not in the default selection (~15 min of CPU per seed): the quickstart for seeds 0-2 in runs/outcome/seed_N,
+    then RL's change with intervals (scripts/outcome.py). ``nox -s outcome -- 0 1 2 3 4`` picks the seeds; a seed whose
+    run finished (eval/history.jsonl has a final evaluation) is not run again."""
+    import json
+    from pathlib import Path
+
+    _install(session)
+    seeds = session.posargs or ["0", "1", "2"]
+    dirs = [f"runs/outcome/seed_{s}" for s in seeds]
+    for seed, run_dir in zip(seeds, dirs, strict=True):
+        history = Path(run_dir) / "eval" / "history.jsonl"
+        if history.exists() and any(json.loads(x)["phase"] == "final" for x in history.read_text().splitlines() if x):
+            session.log(f"{run_dir}: finished before, kept")
+            continue
+        session.run("python", "-m", "ctu", "train", "configs/quickstart.yaml", f"run.seed={seed}", f"run.dir={run_dir}",
+                    "run.overwrite=true")
+    session.run("python", "-m", "scripts.outcome", *dirs, "--json", "runs/outcome/outcome.json")

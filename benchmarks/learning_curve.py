@@ -26,7 +26,9 @@ import torch
 from ctu.config import load_config
 from ctu.distributed.group import sft_batches
 from ctu.evaluate import episode_specs, progress_bar, write_report
-from ctu.train.demos import warm_start_samples
+from ctu.report import task_successes
+from ctu.stats import bootstrap_ci, paired_change_ci, seeds_summary
+from ctu.train.demos import gold_samples, warm_start_samples
 from ctu.train.trainer import Trainer
 from ctu.train.update import release_memory
 
@@ -40,17 +42,54 @@ def parse_arm(text: str) -> tuple[str, str, list[str]]:
     return label, kind, [o for o in rest.split(",") if o]
 
 
-def success(trainer: Trainer, tag: str) -> float:
-    """Greedy success on the held-out tasks (the trainer's own evaluation settings); the episodes and report go to
+def success(trainer: Trainer, tag: str) -> dict:
+    """Greedy success on the held-out tasks (the trainer's own evaluation settings) with its 95% bootstrap interval
+    over tasks and each task's rate (for paired intervals of a change); the episodes and report go to
     ``run.dir/eval/<tag>``."""
     cfg = trainer.config
     specs = episode_specs(trainer.domains, cfg.eval.splits, cfg.eval.samples_per_task, cfg.trainer.eval_max_tasks)
     with progress_bar(len(specs), "eval") as on_done:
         done = trainer._rollout(specs, cfg.eval.temperature, seed=10_000, on_done=on_done)
     release_memory()
-    write_report(Path(cfg.run.dir) / "eval" / tag, done)
-    scored = [t for t in done if t.stop_reason != "error"]
-    return sum(float(t.success) for t in scored) / max(1, len(scored))
+    out = Path(cfg.run.dir) / "eval" / tag
+    write_report(out, done)
+    tasks = task_successes(out) or {}
+    ci = bootstrap_ci(list(tasks.values())) if tasks else None
+    return {"success": ci.mean if ci else 0.0, "ci": [ci.low, ci.high] if ci else None, "tasks": tasks}
+
+
+def task_kind(task) -> str:
+    """``kind/allowed`` or ``kind/refusal`` from a task's description (mini's kinds: status, cancel, change_address,
+    return; a refusal is a request the order's status does not allow)."""
+    description = task.description if isinstance(task.description, dict) else {}
+    if "kind" not in description:
+        raise SystemExit(f"--demo-kinds: task {task.id} has no kind in its description (mini's tasks have one)")
+    return f"{description['kind']}/{'refusal' if description.get('refusal') else 'allowed'}"
+
+
+def covered(task, kinds) -> bool:
+    """Whether ``--demo-kinds`` gives ``task`` demonstrations: an entry ``cancel`` covers both cancel/allowed and
+    cancel/refusal, ``cancel/refusal`` only the refusals."""
+    kind = task_kind(task)
+    return any(kind == k or kind.split("/")[0] == k for k in kinds)
+
+
+def demo_tasks(domain, kinds) -> list:
+    """The train tasks (all if no train split) whose gold demonstrations the warm start and the SFT arm see."""
+    tasks = domain.split("train") if "train" in domain.splits else list(domain.tasks)
+    known = {task_kind(t) for t in tasks}
+    unknown = [k for k in kinds if k not in known and k not in {x.split("/")[0] for x in known}]
+    if unknown:
+        raise SystemExit(f"--demo-kinds: {unknown} not among {domain.name}'s kinds {sorted(known)}")
+    return [t for t in tasks if covered(t, kinds)]
+
+
+def by_coverage(tasks: dict[str, float], coverage: dict[str, bool]) -> dict[str, float | None]:
+    """Held-out success on the tasks of kinds with demonstrations and on the others (None for no such task)."""
+    groups: dict[str, list[float]] = {"with_demos": [], "without_demos": []}
+    for key, rate in tasks.items():
+        groups["with_demos" if coverage[key] else "without_demos"].append(rate)
+    return {k: sum(v) / len(v) if v else None for k, v in groups.items()}
 
 
 def snapshot(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -86,8 +125,9 @@ def run_arm(trainer: Trainer, label: str, kind: str, seconds: float, eval_every:
         steps += 1
         print(f"  {kind} step {steps}: {clock:.0f}s, {note}", flush=True)
         if (steps in eval_at) if max_steps else (clock >= next_eval or clock >= seconds):
-            points.append({"seconds": clock, "steps": steps, "success": success(trainer, f"{label}_{steps}")})
-            print(f"  {kind} @ {clock:.0f}s ({steps} steps): success {points[-1]['success']:.3f}", flush=True)
+            points.append({"seconds": clock, "steps": steps, **success(trainer, f"{label}_{steps}")})
+            print(f"  {kind} @ {clock:.0f}s ({steps} steps): success {points[-1]['success']:.3f} "
+                  f"(95% CI {points[-1]['ci']})", flush=True)
             next_eval += eval_every
     return points
 
@@ -106,11 +146,19 @@ def main() -> None:
     ap.add_argument("--evals", type=int, default=2, help="with --steps: evaluations per arm, evenly spaced")
     ap.add_argument("--out", default="runs/learning_curve")
     ap.add_argument("--cache", default=None, help="keep each seed's warm start here and reuse it")
+    ap.add_argument("--demo-kinds", nargs="+", default=None, metavar="KIND[/allowed|/refusal]",
+                    help="RL vs imitation where imitation lacks something: the warm start and the sft arm see gold "
+                         "demonstrations of these task kinds only (mini: status cancel change_address return), GRPO "
+                         "trains on every kind; success is also reported on the kinds with and without demonstrations")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    kinds = sorted(args.demo_kinds) if args.demo_kinds else None
+    mixed = {r.get("demo_kinds") for r in results.values()} - {None if kinds is None else " ".join(kinds)}
+    if mixed:
+        raise SystemExit(f"{results_path} holds runs with --demo-kinds {sorted(map(str, mixed))}: choose another --out")
     arms = [parse_arm(a) for a in args.arms]
     warm: dict[int, tuple[dict, dict]] = {}  # seed -> (warm-started weights, its time and success)
     for seed in args.seeds:
@@ -123,7 +171,14 @@ def main() -> None:
                 continue
             config = load_config(args.config, [*args.overrides, *base, *overrides])
             trainer = Trainer(config)
-            cache = Path(args.cache) / f"warm_start_seed{seed}.pt" if args.cache else None
+            suffix = "_" + "+".join(k.replace("/", "-") for k in kinds) if kinds else ""
+            cache = Path(args.cache) / f"warm_start_seed{seed}{suffix}.pt" if args.cache else None
+            if kinds:
+                demos = [s for d in trainer.domains for s in gold_samples(trainer.chat, d, demo_tasks(d, kinds))]
+            else:
+                demos = warm_start_samples(trainer.chat, trainer.domains, config.trainer.sft_data)
+            print(f"seed {seed}, {label}: {len(demos)} demonstrations"
+                  + (f" of kinds {' '.join(kinds)}" if kinds else ""), flush=True)
             if seed not in warm and cache is not None and cache.exists():
                 warm[seed] = torch.load(cache), json.loads(cache.with_suffix(".json").read_text())
             if seed in warm:
@@ -132,23 +187,28 @@ def main() -> None:
                 trainer.policy._rebased.update(state["rebased"])
             else:
                 began = time.perf_counter()
-                trainer.warm_start()
-                start = {"warm_start_s": time.perf_counter() - began, "success": success(trainer, "warm_start")}
+                trainer.warm_start(demos)
+                start = {"warm_start_s": time.perf_counter() - began, **success(trainer, "warm_start")}
                 state = {"model": snapshot(trainer), "rebased": dict(trainer.policy._rebased)}
                 if cache is not None:
                     cache.parent.mkdir(parents=True, exist_ok=True)
                     torch.save(state, cache)
                     cache.with_suffix(".json").write_text(json.dumps(start))
                 warm[seed] = state, start
-            print(f"seed {seed}: warm start success {start['success']:.3f}", flush=True)
+            print(f"seed {seed}: warm start success {start['success']:.3f} (95% CI {start.get('ci')})", flush=True)
             trainer.sync.base_changed = True
             trainer.sync_weights()
-            demos = warm_start_samples(trainer.chat, trainer.domains, config.trainer.sft_data)
             budgets = {k: int(v) for k, v in (x.split("=") for x in args.steps)}
             points = run_arm(trainer, label, kind, args.minutes * 60, args.eval_every, demos, seed,
                              max_steps=budgets.get(kind), evals=args.evals)
-            results[key] = {"arm": label, "kind": kind, "seed": seed, "overrides": overrides,
-                            "points": [{"seconds": 0.0, "steps": 0, "success": start["success"]}, *points]}
+            points = [{"seconds": 0.0, "steps": 0, "success": start["success"], "ci": start.get("ci"),
+                       "tasks": start.get("tasks", {})}, *points]
+            if kinds:
+                coverage = {f"{d.name}/{t.id}": covered(t, kinds) for d in trainer.domains for t in d.tasks}
+                for p in points:
+                    p["by_demos"] = by_coverage(p["tasks"], coverage)
+            results[key] = {"arm": label, "kind": kind, "seed": seed, "overrides": overrides, "points": points,
+                            "demo_kinds": " ".join(kinds) if kinds else None}
             results_path.write_text(json.dumps(results, indent=1))
             trainer.pool.close()
             trainer.group.close()
@@ -158,15 +218,41 @@ def main() -> None:
     table(results)
 
 
+def arm_summary(runs: list[dict]) -> dict:
+    """One arm over its seeds: each seed's change from the warm start to its last evaluation with a paired bootstrap
+    interval over the same tasks, and across seeds mean/min/max with a t interval (see ctu/stats.py)."""
+    seeds = []
+    for r in runs:
+        first, last = r["points"][0], r["points"][-1]
+        shared = sorted(set(first.get("tasks") or {}) & set(last.get("tasks") or {}))
+        change = (paired_change_ci({k: first["tasks"][k] for k in shared}, {k: last["tasks"][k] for k in shared})
+                  if shared else None)
+        seeds.append({"seed": r["seed"], "change": last["success"] - first["success"],
+                      "ci": [change.low, change.high] if change else None, "tasks": len(shared)})
+    return {"seeds": seeds, "across_seeds": seeds_summary([s["change"] for s in seeds])}
+
+
 def table(results: dict) -> None:
     by_arm: dict[str, list] = {}
     for r in results.values():
         by_arm.setdefault(r["arm"], []).append(r)
     for arm, runs in by_arm.items():
-        ends = [r["points"][-1]["success"] - r["points"][0]["success"] for r in runs]
+        summary = arm_summary(runs)
+        s = summary["across_seeds"]
         cells = ", ".join(f"seed {r['seed']}: " + " ".join(f"{p['success']:.3f}@{p['seconds']:.0f}s" for p in r["points"])
                           for r in runs)
-        print(f"{arm}: mean gain {sum(ends) / len(ends):+.3f} ({cells})")
+        spread = f"95% t interval over {s['n']} seeds [{s['low']:+.3f}, {s['high']:+.3f}]" if s["n"] > 1 else "one seed"
+        print(f"{arm}: mean gain {s['mean']:+.3f} (min {s['min']:+.3f}, max {s['max']:+.3f}, {spread}) ({cells})")
+        for group in ("with_demos", "without_demos"):
+            gains = [r["points"][-1]["by_demos"][group] - r["points"][0]["by_demos"][group] for r in runs
+                     if "by_demos" in r["points"][0] and r["points"][0]["by_demos"][group] is not None]
+            if gains:
+                print(f"  held-out kinds {group.replace('_', ' ')}: mean gain {sum(gains) / len(gains):+.3f} "
+                      f"(min {min(gains):+.3f}, max {max(gains):+.3f})")
+        for seed in summary["seeds"]:
+            if seed["ci"]:
+                print(f"  seed {seed['seed']}: {seed['change']:+.3f} [{seed['ci'][0]:+.3f}, {seed['ci'][1]:+.3f}] "
+                      f"(paired bootstrap over {seed['tasks']} tasks)")
 
 
 def draw(results: dict, path: Path) -> None:
@@ -180,11 +266,16 @@ def draw(results: dict, path: Path) -> None:
     for r in results.values():
         color = colors.setdefault(r["arm"], f"C{len(colors)}")
         xs = [p["seconds"] / 60 for p in r["points"]]
-        ax.plot(xs, [p["success"] for p in r["points"]], marker="o", color=color, alpha=0.8,
+        ys = [p["success"] for p in r["points"]]
+        ax.plot(xs, ys, marker="o", color=color, alpha=0.8,
                 label=r["arm"] if r["seed"] == min(x["seed"] for x in results.values() if x["arm"] == r["arm"]) else None)
+        bars = [(x, y, p["ci"]) for x, y, p in zip(xs, ys, r["points"], strict=True) if p.get("ci")]
+        if bars:  # 95% bootstrap interval over the held-out tasks
+            ax.errorbar([b[0] for b in bars], [b[1] for b in bars], yerr=[[b[1] - b[2][0] for b in bars],
+                        [b[2][1] - b[1] for b in bars]], fmt="none", color=color, alpha=0.35, capsize=2)
     ax.set_xlabel("training wall time after the warm start (min, evaluation excluded)")
     ax.set_ylabel("held-out success (greedy)")
-    ax.set_title("more SFT vs GRPO from the same warm start (one line per seed)")
+    ax.set_title("more SFT vs GRPO from the same warm start (one line per seed, 95% CI over tasks)")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()

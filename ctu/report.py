@@ -1,12 +1,15 @@
 """``ctu report RUN_DIR``: training curves from metrics.jsonl and every held-out evaluation to PNG, and the
-before/after table ``ctu train`` ends with."""
+before/after table ``ctu train`` ends with, with 95% bootstrap intervals over the held-out tasks."""
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ctu.stats import bootstrap_ci, paired_change_ci
 from ctu.tracking import read_evals, read_metrics
 
 PANELS = (("rollout/reward", "rollout/success"), ("train/loss", "train/pg_loss"), ("train/kl", "train/entropy"),
@@ -106,4 +109,64 @@ def before_after_table(run_dir: str | Path) -> str:
     periodic = sum(e["phase"] == "periodic" for e in evals)
     if periodic:
         lines.append(f"{periodic} periodic evaluation(s) in curves.png and eval/history.jsonl")
-    return "\n".join(lines)
+    return "\n".join(lines + interval_lines(run_dir, shown))
+
+
+def task_successes(eval_dir: str | Path) -> dict[str, float] | None:
+    """Success rate per held-out task (``domain/task_id``, the mean over its samples, errored episodes left out as in
+    report.json) from an evaluation's trajectories.jsonl; None when it has none."""
+    path = Path(eval_dir) / "trajectories.jsonl"
+    if not path.exists():
+        return None
+    per_task: dict[str, list[bool]] = defaultdict(list)
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            if row["stop_reason"] != "error":
+                per_task[f"{row['domain']}/{row['task_id']}"].append(row["reward"] >= 1.0)
+    return {task: sum(oks) / len(oks) for task, oks in sorted(per_task.items())}
+
+
+def _last(evals: Sequence[dict[str, Any]], phase: str) -> dict[str, Any] | None:
+    chosen = [e for e in evals if e["phase"] == phase]
+    return chosen[-1] if chosen else None
+
+
+def run_outcome(run_dir: str | Path) -> dict[str, Any] | None:
+    """A run's held-out success after the warm start (the base model's without one) and at the end, each with its
+    bootstrap interval over tasks, and the paired interval of the change over the tasks both evaluations scored;
+    None when either evaluation or its trajectories are missing."""
+    evals = read_evals(run_dir)
+    baseline = "after_warm_start" if _last(evals, "after_warm_start") else "before"
+    first, last = _last(evals, baseline), _last(evals, "final")
+    if first is None or last is None:
+        return None
+    warm, final = (task_successes(Path(run_dir) / "eval" / e["tag"]) for e in (first, last))
+    if not warm or not final:
+        return None
+    shared = sorted(set(warm) & set(final))
+    warm, final = {k: warm[k] for k in shared}, {k: final[k] for k in shared}
+    return {"baseline": baseline, "tasks": len(shared), "warm": bootstrap_ci(list(warm.values())),
+            "final": bootstrap_ci(list(final.values())), "change": paired_change_ci(warm, final),
+            "warm_tasks": warm, "final_tasks": final}
+
+
+def interval_lines(run_dir: str | Path, shown: Sequence[dict[str, Any]]) -> list[str]:
+    """95% percentile-bootstrap intervals over tasks for the shown evaluations and the paired change."""
+    rows = []
+    for e in shown:
+        per_task = task_successes(Path(run_dir) / "eval" / e["tag"])
+        if per_task:
+            rows.append(f"  {PHASE_NAMES[e['phase']]:<18} {bootstrap_ci(list(per_task.values()))} "
+                        f"({len(per_task)} tasks)")
+    if not rows:
+        return []
+    lines = ["95% intervals, percentile bootstrap over held-out tasks (overall):", *rows]
+    out = run_outcome(run_dir)
+    if out is not None:
+        start = PHASE_NAMES[out["baseline"]]
+        verdict = ("contains 0: no evidence of a change at 95%" if out["change"].low <= 0.0 <= out["change"].high
+                   else "excludes 0")
+        lines.append(f"change {start} -> final: {out['change'].signed()} (paired over the same {out['tasks']} tasks; "
+                     f"{verdict})")
+    return lines

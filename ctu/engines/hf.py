@@ -47,6 +47,35 @@ def _plain_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     return [(layer.keys, layer.values) for layer in layers]
 
 
+def _nucleus_of_sorted(sorted_probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept probabilities, which are dropped) of rows sorted in descending order: the smallest prefix reaching
+    ``top_p``."""
+    drop = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p
+    return sorted_probs.masked_fill(drop, 0.0), drop
+
+
+def nucleus(probs: torch.Tensor, top_p: float, first: int = 256) -> torch.Tensor:
+    """``probs`` with everything outside each row's top-p nucleus zeroed.
+
+    The nucleus is looked for among each row's ``first`` largest probabilities (torch.topk) before sorting the whole
+    vocabulary (~15% of a batch-16 decode step of a 135M model on CPU). The result is bitwise the full sort's: the
+    cumulative sums of a sorted prefix do not depend on what follows it, and the sort is used when a row's nucleus
+    is wider than ``first`` or equal probabilities straddle its edge (their order would decide which is kept)."""
+    if probs.shape[-1] <= first:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        return torch.zeros_like(probs).scatter(-1, order, _nucleus_of_sorted(sorted_probs, top_p)[0])
+    top, order = probs.topk(first, dim=-1)
+    kept, drop = _nucleus_of_sorted(top, top_p)
+    edge = drop.int().argmax(dim=-1, keepdim=True)  # the first dropped position of each row
+    tied = (top.gather(-1, edge) == top.gather(-1, (edge - 1).clamp(min=0))).squeeze(-1)
+    out = torch.zeros_like(probs).scatter(-1, order, kept)
+    unsettled = (~drop[:, -1] | tied).nonzero().squeeze(-1)
+    if len(unsettled):  # only these rows are sorted whole
+        sorted_probs, order = probs[unsettled].sort(dim=-1, descending=True)
+        out[unsettled] = torch.zeros_like(sorted_probs).scatter(-1, order, _nucleus_of_sorted(sorted_probs, top_p)[0])
+    return out
+
+
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator):
     """(token ids [B], their logprobs [B]) from last-position logits [B, V].
 
@@ -60,11 +89,7 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator):
     logp = torch.log_softmax(logits / params.temperature, dim=-1)
     probs = logp.exp()
     if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        cumulative = sorted_probs.cumsum(dim=-1)
-        drop = cumulative - sorted_probs > params.top_p  # keep the smallest prefix reaching top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = nucleus(probs, params.top_p)
     if isinstance(generator, list):
         tokens = torch.cat([torch.multinomial(probs[r:r + 1], 1, generator=g).reshape(1)
                             for r, g in enumerate(generator)])

@@ -258,11 +258,13 @@ class Trainer:
         }
         return {"metrics": metrics, "trajectories": trajectories}
 
-    def warm_start(self) -> float | None:
+    def warm_start(self, demos=None) -> float | None:
+        """``trainer.sft_steps`` supervised steps on ``demos`` (default: :func:`warm_start_samples`)."""
         t = self.config.trainer
         if t.sft_steps <= 0:
             return None
-        demos = warm_start_samples(self.chat, self.domains, t.sft_data, self.config.env.max_context_tokens)
+        demos = (warm_start_samples(self.chat, self.domains, t.sft_data, self.config.env.max_context_tokens)
+                 if demos is None else demos)
         from tqdm import tqdm
 
         batches = sft_batches(demos, t.sft_steps, t.sft_batch_size, self.config.run.seed)

@@ -1,0 +1,54 @@
+"""benchmarks/learning_curve.py's pure parts: --demo-kinds selection of mini's demonstrations, success split by
+coverage, and each arm's change with intervals (synthetic results)."""
+
+import pytest
+
+from benchmarks.learning_curve import arm_summary, by_coverage, covered, demo_tasks, task_kind
+from ctu.domains import get_domain
+
+
+@pytest.fixture(scope="module")
+def mini():
+    return get_domain("mini")
+
+
+def test_demo_kinds_select_mini_train_tasks(mini):
+    train = mini.split("train")
+    kinds = {task_kind(t) for t in train}
+    assert {"status/allowed", "cancel/allowed", "cancel/refusal", "return/refusal"} <= kinds
+    chosen = demo_tasks(mini, ["status", "cancel/refusal"])
+    assert chosen and {task_kind(t) for t in chosen} == {"status/allowed", "cancel/refusal"}
+    assert {t.id for t in chosen} <= {t.id for t in train}
+    assert len(demo_tasks(mini, ["status", "cancel", "change_address", "return"])) == len(train)
+    with pytest.raises(SystemExit, match="refund"):
+        demo_tasks(mini, ["refund"])
+
+
+def test_coverage_split_of_held_out_success(mini):
+    test = mini.split("test")
+    coverage = {f"mini/{t.id}": covered(t, ["status"]) for t in test}
+    tasks = {f"mini/{t.id}": 1.0 if task_kind(t).startswith("status") else 0.0 for t in test}
+    assert by_coverage(tasks, coverage) == {"with_demos": 1.0, "without_demos": 0.0}
+    assert by_coverage({}, coverage) == {"with_demos": None, "without_demos": None}
+
+
+def points(warm, final):
+    tasks = [f"mini/t{i}" for i in range(20)]
+    return [{"success": warm / 20, "tasks": {t: float(i < warm) for i, t in enumerate(tasks)}},
+            {"success": final / 20, "tasks": {t: float(i < final) for i, t in enumerate(tasks)}}]
+
+
+def test_arm_summary_pairs_each_seed_and_spans_seeds():
+    runs = [{"seed": s, "points": points(10, f)} for s, f in enumerate((14, 12, 9))]
+    summary = arm_summary(runs)
+    assert [s["change"] for s in summary["seeds"]] == pytest.approx([0.2, 0.1, -0.05], rel=1e-9)
+    first = summary["seeds"][0]
+    assert first["tasks"] == 20 and 0.0 < first["ci"][0] < 0.2 < first["ci"][1]
+    across = summary["across_seeds"]
+    assert across["mean"] == pytest.approx(0.25 / 3, rel=1e-9) and across["low"] < -0.05 and across["high"] > 0.2
+
+
+def test_old_results_without_per_task_rates_still_summarize():
+    runs = [{"seed": 0, "points": [{"success": 0.5}, {"success": 0.6}]}]
+    summary = arm_summary(runs)
+    assert summary["seeds"][0]["ci"] is None and summary["across_seeds"]["mean"] == pytest.approx(0.1, rel=1e-9)
