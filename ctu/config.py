@@ -87,6 +87,8 @@ class UserConfig(ChatAPIBudget):
 class EnvConfig:
     domains: list[str] = field(default_factory=lambda: ["mini"])
     weights: dict[str, float] = field(default_factory=dict)  # sampling weight per domain (default equal)
+    # sampling weight of training tasks by their description: "field" (truthy) or "field=value" -> weight (default 1)
+    task_weights: dict[str, float] = field(default_factory=dict)
     tau2_data_dir: str | None = None
     tasks: dict[str, str] = field(default_factory=dict)  # domain -> a tau2 tasks.json replacing its tasks (ctu data import)
     max_turns: int = 12

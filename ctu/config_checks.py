@@ -41,6 +41,9 @@ def config_problems(config: Config) -> list[str]:
             problems.append(f"env.weights.{name}: not one of env.domains")
         elif weight < 0:
             problems.append(f"env.weights.{name}: must be >= 0")
+    for key, weight in config.env.task_weights.items():
+        if not weight > 0:
+            problems.append(f"env.task_weights.{key}: must be > 0")
     positive = {"env.max_turns": config.env.max_turns, "env.max_errors": config.env.max_errors,
                 "sampling.max_tokens": config.sampling.max_tokens, "eval.samples_per_task": config.eval.samples_per_task,
                 "eval.concurrency": config.eval.concurrency, "engine.max_batch_size": config.engine.max_batch_size,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import resource
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from math import comb
@@ -44,3 +46,9 @@ def mean(values: Iterable[float]) -> float:
 
 def distribution(labels: Iterable[str]) -> dict[str, int]:
     return dict(sorted(Counter(labels).items()))
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far, in GiB (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20

@@ -34,16 +34,32 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def _can_share(model: torch.nn.Module) -> bool:
+def _can_share(model: torch.nn.Module, grad: bool | None = None, training: bool | None = None) -> bool:
     """Not for gradient passes that would run a layer twice before its backward: with gradient checkpointing,
     and under FSDP2 (the first backward through a layer reshards it, and the prefix pass's backward then finds
-    its saved weights freed)."""
+    its saved weights freed). ``grad``/``training``: of the pass to come (default: as now)."""
     from torch.distributed.fsdp import FSDPModule
 
+    grad = torch.is_grad_enabled() if grad is None else grad
+    training = model.training if training is None else training
     checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
-    if model.training and checkpointing:
+    if training and checkpointing:
         return False
-    return not (torch.is_grad_enabled() and any(isinstance(m, FSDPModule) for m in model.modules()))
+    return not (grad and any(isinstance(m, FSDPModule) for m in model.modules()))
+
+
+def packing_prefix(model: torch.nn.Module, rows: Sequence[Sequence[int]], masks: Sequence[Sequence[int]],
+                   grad: bool, training: bool) -> int:
+    """Tokens every micro-batch drawn from ``rows`` will compute once for all its rows (0 if the pass will not
+    share a prefix): the common prefix of all rows, stopped before the first position any row scores
+    (``masks`` are over next-token positions), as :func:`_shared_length` does for each micro-batch. Packing
+    micro-batches by ``shared + rows x (longest - shared)`` tokens fits several times more rows into the same
+    activation memory when most of an episode is the system prompt."""
+    if len(rows) < 2 or not _can_share(model, grad, training):
+        return 0
+    first = min((next((i for i, m in enumerate(mask) if m), len(mask)) for mask in masks), default=0)
+    shared = min(common_prefix_length(rows), first, min(len(r) for r in rows) - 1)
+    return shared if shared >= MIN_SHARED else 0
 
 
 def _prefix_cache(model, prefix: torch.Tensor, batch: int, head: bool = True):

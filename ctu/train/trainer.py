@@ -20,7 +20,7 @@ from ctu.config import Config, ConfigError, save_config, to_dict, training_probl
 from ctu.distributed.group import build_trainer_group, sft_batches
 from ctu.distributed.ray_setup import preflight
 from ctu.evaluate import episode_specs, progress_bar, write_report
-from ctu.metrics import distribution, mean
+from ctu.metrics import distribution, mean, peak_rss_gib
 from ctu.rl.advantages import informative_groups, scored_advantages
 from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
 from ctu.rollout import EpisodeSpec, Trajectory, warn_prompt_budget
@@ -40,19 +40,45 @@ class TrainingRewards:
     shaped: tuple[float, ...]
 
 
-class TaskSampler:
-    """Weighted, seeded sampling of training tasks across domains; its state is the data cursor."""
+def task_weight(task, weights: dict[str, float]) -> float:
+    """A training task's sampling weight under ``env.task_weights``: the product of the weights of the keys its
+    description matches (``field``: the field is truthy; ``field=value``: its value, as text, is ``value``)."""
+    description = task.description if isinstance(task.description, dict) else {}
+    out = 1.0
+    for key, weight in weights.items():
+        name, eq, value = key.partition("=")
+        if (str(description.get(name)) == value) if eq else bool(description.get(name)):
+            out *= weight
+    return out
 
-    def __init__(self, domains, weights: Sequence[float], seed: int):
+
+class TaskSampler:
+    """Weighted, seeded sampling of training tasks across domains (``env.weights``) and, within a domain, by
+    their description (``env.task_weights``); its state is the data cursor."""
+
+    def __init__(self, domains, weights: Sequence[float], seed: int, task_weights: dict[str, float] | None = None):
         self.pools = [(d, d.split("train") if "train" in d.splits else list(d.tasks)) for d in domains]
         self.weights = list(weights)
         self.rng = random.Random(seed)
+        task_weights = task_weights or {}
+        unmatched = [k for k in task_weights
+                     if not any(task_weight(t, {k: 2.0}) != 1.0 for _, tasks in self.pools for t in tasks)]
+        if unmatched:
+            from ctu.config import ConfigError
+
+            raise ConfigError(f"env.task_weights: {', '.join(unmatched)} matches no training task's description "
+                              f"in {', '.join(d.name for d, _ in self.pools)}")
+        # None: every task weighs 1, drawn as before (rng.choice), so runs without task_weights are unchanged
+        self.task_weights = [[task_weight(t, task_weights) for t in tasks] if task_weights else None
+                             for _, tasks in self.pools]
 
     def sample(self, n: int) -> list[tuple]:
         picks = []
         for _ in range(n):
-            domain, tasks = self.rng.choices(self.pools, weights=self.weights)[0]
-            picks.append((domain, self.rng.choice(tasks)))
+            k = self.rng.choices(range(len(self.pools)), weights=self.weights)[0]
+            domain, tasks = self.pools[k]
+            within = self.task_weights[k]
+            picks.append((domain, self.rng.choice(tasks) if within is None else self.rng.choices(tasks, within)[0]))
         return picks
 
     def state(self):
@@ -127,7 +153,7 @@ class Trainer:
         self.sync = WeightSync(config, self.group, self.pool)
         self.rebased = False  # the KL reference is the warm-started policy (stored in checkpoints)
         self.sampler = TaskSampler(self.domains, [config.env.weights.get(n, 1.0) for n in config.env.domains],
-                                   config.run.seed)
+                                   config.run.seed, config.env.task_weights)
         self.step = 0
         self.shaper = None
         if config.shaping.enabled:
@@ -156,8 +182,8 @@ class Trainer:
         release_memory()
         report = write_report(self.run_dir / "eval" / tag, trajectories)
         out = {f"eval/{scope}/success": s["success_rate"] for scope, s in report.items()}
-        print(f"eval {tag} ({len(specs)} episodes, {time.perf_counter() - started:.0f}s): "
-              + ", ".join(f"{k}={v:.3f}" for k, v in out.items()), flush=True)
+        print(f"eval {tag} ({len(specs)} episodes, {time.perf_counter() - started:.0f}s, peak RSS so far "
+              f"{peak_rss_gib():.2f} GiB): " + ", ".join(f"{k}={v:.3f}" for k, v in out.items()), flush=True)
         record_eval(self.run_dir, tag=tag, phase=eval_phase(tag, self.step, self.config.trainer.max_steps),
                     step=self.step, success={scope: s["success_rate"] for scope, s in report.items()},
                     seconds=time.perf_counter() - started, episodes=len(specs))
@@ -253,7 +279,7 @@ class Trainer:
             "train": stats,
             "sync": sync,
             "timing": {"rollout_s": rollout_s, "update_s": time.perf_counter() - update_started, "sync_s": sync_s,
-                       "step_s": time.perf_counter() - started,
+                       "step_s": time.perf_counter() - started, "peak_rss_gib": peak_rss_gib(),
                        "tokens_per_s": tokens / max(1e-9, time.perf_counter() - started)},
         }
         return {"metrics": metrics, "trajectories": trajectories}
@@ -321,7 +347,7 @@ class Trainer:
                 if sft is not None:
                     summary["sft"] = {"steps": t.sft_steps, "loss": sft, "seconds": time.perf_counter() - started}
                     print(f"supervised warm start: {t.sft_steps} steps in {summary['sft']['seconds']:.0f}s, "
-                          f"final loss {sft:.3f}")
+                          f"final loss {sft:.3f}, peak RSS so far {peak_rss_gib():.2f} GiB")
                     if t.eval_before_train:
                         summary["after_sft"] = self.evaluate("after_sft")
             bar = tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)

@@ -26,6 +26,7 @@ import torch
 
 from ctu.config import TrainerConfig
 from ctu.rl.losses import aggregation_weights, kl_penalty, ppo_clip_per_token, truncated_importance_weights
+from ctu.shared_prefix import packing_prefix
 from ctu.train.policy import Policy, token_logprobs
 
 Reduce = Callable[[list[float], str], list[float]]
@@ -55,8 +56,10 @@ def to_sample(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask:
     return Sample(ids, pad + list(loss_mask), [0.0] * len(pad) + list(logprobs), float(advantage))
 
 
-def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Pack sample indices (in order) so that rows x longest row stays within ``token_budget``.
+def micro_batches(lengths: Sequence[int], token_budget: int, shared: int = 0) -> list[list[int]]:
+    """Pack sample indices (in order) so that the tokens a forward computes stay within ``token_budget``:
+    ``shared + rows x (longest row - shared)``, where ``shared`` is a prefix common to every row that the
+    forward runs once (:func:`ctu.shared_prefix.packing_prefix`; 0: rows x longest row).
 
     A sample longer than the budget gets a micro-batch of its own.
     """
@@ -64,7 +67,7 @@ def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     current: list[int] = []
     longest = 0
     for i, n in enumerate(lengths):
-        if current and max(longest, n) * (len(current) + 1) > token_budget:
+        if current and shared + (max(longest, n) - shared) * (len(current) + 1) > token_budget:
             batches.append(current)
             current, longest = [], 0
         current.append(i)
@@ -72,6 +75,14 @@ def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     if current:
         batches.append(current)
     return batches
+
+
+def pack(model: torch.nn.Module, rows: Sequence[Sample], token_budget: int, grad: bool,
+         training: bool) -> list[list[int]]:
+    """:func:`micro_batches` of ``rows`` for a pass with (``grad``) or without gradients, in train or eval mode,
+    counting the prefix the pass will share once."""
+    shared = packing_prefix(model, [s.ids for s in rows], [s.mask for s in rows], grad, training)
+    return micro_batches([len(s.ids) for s in rows], token_budget, shared)
 
 
 def split_episodes(n: int, parts: int, rng: random.Random) -> list[list[int]]:
@@ -128,7 +139,7 @@ def sequence_kl(policy: Policy, samples: Sequence[Sample], cfg: TrainerConfig, t
         total = reduce([float(len(rows))], "sum")[0]
         if total and not rows:  # no episode here: join the collectives with a weightless one
             rows = [FILLER]
-    batches = micro_batches([len(s.ids) for s in rows], cfg.micro_batch_tokens) if rows else []
+    batches = pack(policy.model, rows, cfg.micro_batch_tokens, grad=False, training=False) if rows else []
     for idx, dummy in _same_count(batches, reduce):
         if not samples:
             dummy = True
@@ -187,7 +198,7 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
         ref = [torch.empty(0)] * len(samples)
     mismatch_sum = 0.0
     scores = old is not None or ref is not None  # the same on every rank (config and global counts only)
-    scoring = micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens) if scores else []
+    scoring = pack(model, samples, cfg.micro_batch_tokens, grad=False, training=False) if scores else []
     for idx, dummy in _same_count(scoring, reduce) if scores else []:
         b = collate([samples[i] for i in idx], device)
         lp = score_logprobs(model, b, temperature) if old is not None else None
@@ -255,7 +266,8 @@ def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[
     token_share = [m / max(1.0, tokens) for m in masks]  # token means (stats, entropy)
     optimizer.zero_grad(set_to_none=True)
     step = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "mismatch"), 0.0)
-    for idx, dummy in _same_count(micro_batches([len(s.ids) for s in samples], cfg.micro_batch_tokens), reduce):
+    for idx, dummy in _same_count(pack(policy.model, samples, cfg.micro_batch_tokens, grad=True, training=True),
+                                  reduce):
         zero = [0.0 * weights[i] for i in idx] if dummy or filler else None  # a repeated micro-batch: forwards, adds nothing
         b = collate([samples[i] for i in idx], device, zero or [weights[i] for i in idx])
         share = collate([samples[i] for i in idx], device, zero or [token_share[i] for i in idx])["weight"]
@@ -323,7 +335,7 @@ def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], token_budge
     if reduce is not None and not rows:
         rows, filler = [FILLER], True
     batches = [(collate([rows[i] for i in idx], policy.device), dummy)
-               for idx, dummy in _same_count(micro_batches([len(s.ids) for s in rows], token_budget), reduce)]
+               for idx, dummy in _same_count(pack(policy.model, rows, token_budget, grad=True, training=True), reduce)]
     local = 0.0 if filler else sum(float(b["mask"].sum()) for b, dummy in batches if not dummy)
     total = (reduce([local], "sum")[0] if reduce is not None else local) or 1.0
     loss_sum = 0.0

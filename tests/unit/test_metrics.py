@@ -29,3 +29,15 @@ def test_curves_and_edge_cases():
     assert mean([]) == 0.0 and distribution([]) == {}
     with pytest.raises(ValueError):
         pass_hat_k(3, 2, 1)
+
+
+def test_peak_rss_is_reported_in_gib_and_sees_an_allocation():
+    import subprocess
+    import sys
+
+    code = ("import numpy as np; from ctu.metrics import peak_rss_gib; a = peak_rss_gib(); "
+            "x = np.ones(2**28); b = peak_rss_gib(); print(a, b)")  # 2**28 float64 = 2 GiB, touched
+    before, after = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                              check=True).stdout.split())
+    assert 0.0 < before < 1.0
+    assert 2.0 <= after <= 2.0 + 1.0  # GiB (not KiB or MiB): the 2 GiB array plus at most the interpreter

@@ -171,6 +171,19 @@ def test_micro_batches_cover_every_sample_once_within_budget(lengths, budget):
         assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= budget
 
 
+@given(st.lists(st.integers(1, 300), max_size=40), st.integers(1, 600), st.integers(0, 300))
+def test_micro_batches_count_a_shared_prefix_once(lengths, budget, shared):
+    from ctu.train.update import micro_batches
+
+    shared = min([shared, *lengths])  # a prefix common to every row is no longer than the shortest row
+    batches = micro_batches(lengths, budget, shared)
+    assert [i for b in batches for i in b] == list(range(len(lengths)))
+    for b in batches:
+        computed = shared + (max(lengths[i] for i in b) - shared) * len(b)
+        assert len(b) == 1 or computed <= budget
+    assert len(batches) <= len(micro_batches(lengths, budget))  # never more forwards than without sharing
+
+
 @given(grouped_rewards(), st.lists(st.booleans(), min_size=30, max_size=30),
        st.sampled_from(["grpo", "dr_grpo", "rloo", "reinforce_pp"]))
 def test_errored_episodes_leave_the_baseline_and_lone_groups_contribute_nothing(data, flags, name):

@@ -200,3 +200,48 @@ def test_with_a_kl_penalty_on_policy_scores_only_the_reference(monkeypatch):
     scale = max(float(d.abs().max()) for d in d_fast.values())
     for name in d_fast:
         torch.testing.assert_close(d_fast[name], d_scored[name], rtol=1e-4, atol=1e-5 * scale)
+
+
+def prompt_shared_samples(n: int = 8, seed: int = 0):
+    """Episodes shaped like the quickstart's: a long system prompt common to all, then short turns."""
+    rng = random.Random(seed)
+    system = [1] + [rng.randrange(3, 200) for _ in range(60)]
+    out = []
+    for i in range(n):
+        prompt = system + [rng.randrange(3, 200) for _ in range(rng.randrange(3, 8))]
+        response = [rng.randrange(3, 200) for _ in range(rng.randrange(4, 12))]
+        out.append(to_sample(prompt, response, [1] * len(response), [-1.0] * len(response), advantage=(-1) ** i))
+    return out
+
+
+def test_a_shared_prompt_is_counted_once_when_packing_and_the_update_is_the_same():
+    from ctu.train.update import pack
+
+    batch = prompt_shared_samples()
+    cfg = load_config(None, ["model.path=tiny-random"])
+    policy = build_policy(cfg, device="cpu")
+    budget = 160  # ~2 rows of ~80 tokens each without sharing; the 61-token prompt counted once: 6+ rows
+    packed = pack(policy.model, batch, budget, grad=True, training=True)
+    assert len(packed) <= 2 < len(batch) // 2  # the old rows x longest packing needs 4+ micro-batches here
+    for b in packed:
+        longest = max(len(batch[i].ids) for i in b)
+        assert 61 + (longest - 61) * len(b) <= budget or len(b) == 1
+    one, d_one, _, _ = run_update(["trainer.micro_batch_tokens=100000"], batch)
+    packed_stats, d_packed, _, _ = run_update([f"trainer.micro_batch_tokens={budget}"], batch)
+    for key in ("loss", "pg_loss", "entropy", "grad_norm", "trained_tokens"):
+        assert_rel_close(one[key], packed_stats[key])
+    scale = max(float(d.abs().max()) for d in d_one.values())
+    for name in d_one:
+        torch.testing.assert_close(d_one[name], d_packed[name], rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_packing_shares_nothing_where_the_pass_cannot_share():
+    from ctu.train.update import pack
+
+    batch = prompt_shared_samples()
+    cfg = load_config(None, ["model.path=tiny-random"])
+    policy = build_policy(cfg, device="cpu")
+    policy.model.gradient_checkpointing_enable()
+    plain = [len(b) for b in pack(policy.model, batch, 160, grad=True, training=True)]
+    assert max(plain) <= 2  # checkpointed gradient passes run every row whole
+    assert len(pack(policy.model, batch, 160, grad=False, training=False)) <= 2  # scoring still shares
