@@ -118,7 +118,8 @@ def run_arm(trainer: Trainer, label: str, kind: str, seconds: float, eval_every:
         else:
             from ctu.train.update import sft_update
 
-            loss = sft_update(trainer.policy, sft_optimizer, [demos[i] for i in next(batches)], t.micro_batch_tokens)
+            loss = sft_update(trainer.policy, sft_optimizer, [demos[i] for i in next(batches)], t.micro_batch_tokens,
+                              share_prefix=t.pack_shared_prefix)
             release_memory()
             note = f"loss {loss:.3f}"
         clock += time.perf_counter() - started

@@ -152,6 +152,9 @@ class TrainerConfig:
     mini_batches: int = 1  # optimizer updates per rollout batch (per epoch)
     ppo_epochs: int = 1
     micro_batch_tokens: int = 4096  # token budget of one forward/backward pass
+    # count the episodes' common prefix (system prompt) once when packing micro-batches: more rows a forward, fewer
+    # prefix passes (SmolLM2 warm start: 16% faster) but more attention memory (+1.1 GiB at 1024 tokens)
+    pack_shared_prefix: bool = False
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"  # reinforce_pp: batch baseline
     clip_low: float = 0.2
     clip_high: float = 0.2

@@ -162,7 +162,8 @@ class LocalTrainer(TrainerGroup):
         optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=t.sft_lr, weight_decay=0.0)
         loss = 0.0
         for batch in batches:
-            loss = sft_update(self.policy, optimizer, [demos[i] for i in batch], t.micro_batch_tokens)
+            loss = sft_update(self.policy, optimizer, [demos[i] for i in batch], t.micro_batch_tokens,
+                              share_prefix=t.pack_shared_prefix)
             release_memory()
             if on_step is not None:
                 on_step(loss)

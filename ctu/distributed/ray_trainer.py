@@ -104,7 +104,7 @@ class TrainerRank:
         if first:
             self.sft_optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=lr, weight_decay=0.0)
         loss = sft_update(self.policy, self.sft_optimizer, samples, self.config.trainer.micro_batch_tokens,
-                          reduce=self.reduce)
+                          reduce=self.reduce, share_prefix=self.config.trainer.pack_shared_prefix)
         release_memory()
         return loss
 

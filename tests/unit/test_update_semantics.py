@@ -221,13 +221,15 @@ def test_a_shared_prompt_is_counted_once_when_packing_and_the_update_is_the_same
     cfg = load_config(None, ["model.path=tiny-random"])
     policy = build_policy(cfg, device="cpu")
     budget = 160  # ~2 rows of ~80 tokens each without sharing; the 61-token prompt counted once: 6+ rows
-    packed = pack(policy.model, batch, budget, grad=True, training=True)
+    packed = pack(policy.model, batch, budget, grad=True, training=True, share=True)
     assert len(packed) <= 2 < len(batch) // 2  # the old rows x longest packing needs 4+ micro-batches here
+    assert len(pack(policy.model, batch, budget, grad=True, training=True)) >= 4  # off by default (memory)
     for b in packed:
         longest = max(len(batch[i].ids) for i in b)
         assert 61 + (longest - 61) * len(b) <= budget or len(b) == 1
     one, d_one, _, _ = run_update(["trainer.micro_batch_tokens=100000"], batch)
-    packed_stats, d_packed, _, _ = run_update([f"trainer.micro_batch_tokens={budget}"], batch)
+    packed_stats, d_packed, _, _ = run_update([f"trainer.micro_batch_tokens={budget}", "trainer.pack_shared_prefix=true"],
+                                              batch)
     for key in ("loss", "pg_loss", "entropy", "grad_norm", "trained_tokens"):
         assert_rel_close(one[key], packed_stats[key])
     scale = max(float(d.abs().max()) for d in d_one.values())
@@ -242,6 +244,6 @@ def test_packing_shares_nothing_where_the_pass_cannot_share():
     cfg = load_config(None, ["model.path=tiny-random"])
     policy = build_policy(cfg, device="cpu")
     policy.model.gradient_checkpointing_enable()
-    plain = [len(b) for b in pack(policy.model, batch, 160, grad=True, training=True)]
+    plain = [len(b) for b in pack(policy.model, batch, 160, grad=True, training=True, share=True)]
     assert max(plain) <= 2  # checkpointed gradient passes run every row whole
-    assert len(pack(policy.model, batch, 160, grad=False, training=False)) <= 2  # scoring still shares
+    assert len(pack(policy.model, batch, 160, grad=False, training=False, share=True)) <= 2  # scoring still shares

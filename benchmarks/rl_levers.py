@@ -1,0 +1,87 @@
+"""One RL lever at a time, from a cached warm start: N ``train_step``s of ``ctu train`` with config overrides,
+then held-out success (greedy, every test task) per mini task kind, so a change shows *what* RL learned or lost.
+
+    python benchmarks/rl_levers.py --cache runs/levers/sft25_s0.pt --steps 8 --evals 4 8 --out runs/levers/t13 \
+        [--config configs/quickstart.yaml] [key=value ...]
+
+The warm start (``trainer.sft_steps`` supervised steps) runs once and is kept in ``--cache`` (weights + its
+evaluation); later runs with the same cache start from the same weights. Examples of levers:
+``sampling.temperature=1.3``, ``trainer.lr=3e-4``, ``env.task_weights={refusal: 2}``, ``trainer.sft_steps=12``
+(with another cache file). Results of the levers measured so far: README, "Quickstart: measured".
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning_curve import snapshot, success, task_kind  # noqa: E402
+
+from ctu.config import load_config  # noqa: E402
+from ctu.train.demos import warm_start_samples  # noqa: E402
+from ctu.train.trainer import Trainer  # noqa: E402
+
+
+def per_kind(tasks: dict[str, float], kinds: dict[str, str]) -> str:
+    counts: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for key, rate in tasks.items():
+        kind = kinds[key]
+        counts[kind][0] += rate
+        counts[kind][1] += 1
+    return " ".join(f"{k}={s:g}/{n}" for k, (s, n) in sorted(counts.items()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/quickstart.yaml")
+    ap.add_argument("--cache", required=True, help="the warm start's weights (.pt) and evaluation (.json)")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--evals", type=int, nargs="*", default=[], help="steps after which to evaluate (and the last)")
+    ap.add_argument("--out", required=True, help="run directory (evaluations land in OUT/eval)")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    config = load_config(args.config, [f"run.dir={args.out}", "run.overwrite=true", "trainer.eval_before_train=false",
+                                       *args.overrides])
+    trainer = Trainer(config)
+    kinds = {f"{d.name}/{t.id}": task_kind(t) for d in trainer.domains for t in d.tasks}
+    cache = Path(args.cache)
+    if cache.exists():
+        state = torch.load(cache)
+        trainer.policy.model.load_state_dict(state["model"])
+        trainer.policy._rebased.update(state["rebased"])
+        start = json.loads(cache.with_suffix(".json").read_text())
+    else:
+        began = time.perf_counter()
+        trainer.warm_start(warm_start_samples(trainer.chat, trainer.domains, config.trainer.sft_data))
+        start = {"warm_start_s": time.perf_counter() - began, **success(trainer, "warm_start")}
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": snapshot(trainer), "rebased": dict(trainer.policy._rebased)}, cache)
+        cache.with_suffix(".json").write_text(json.dumps(start))
+    print(f"warm start: {start['success']:.3f} {per_kind(start['tasks'], kinds)}", flush=True)
+    trainer.sync.base_changed = True
+    trainer.sync_weights()
+    clock = 0.0
+    for step in range(1, args.steps + 1):
+        began = time.perf_counter()
+        trainer.step += 1
+        metrics = trainer.train_step()["metrics"]
+        clock += time.perf_counter() - began
+        r, tm = metrics["rollout"], metrics["timing"]
+        print(f"step {step}: {clock:.0f}s, reward {r['reward']:.3f} ({r['episodes']} episodes), rollout "
+              f"{tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, entropy {metrics['train']['entropy']:.3f}",
+              flush=True)
+        if step in args.evals or step == args.steps:
+            e = success(trainer, f"step_{step}")
+            print(f"after {step} steps: {e['success']:.3f} (95% CI {e['ci']}), change {e['success'] - start['success']:+.3f}; "
+                  f"{per_kind(e['tasks'], kinds)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
