@@ -168,6 +168,9 @@ class TrainerConfig:
     dynamic_sampling_max_draws: int = 4  # extra rollout rounds to fill tasks_per_step informative groups
     entropy_coef: float = 0.0
     gradient_checkpointing: bool = False
+    # the trainer's passes (warm start, RL update) autocast to bf16 over the fp32 weights; the in-process engine
+    # keeps decoding in model.dtype (bf16 decode is slower on CPUs; bf16 matmuls for training are faster)
+    autocast: Literal["off", "bfloat16"] = "off"
     sft_steps: int = 0  # supervised warm start on gold demonstrations (train split) before RL
     sft_lr: float = 1e-4
     sft_batch_size: int = 8

@@ -32,7 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ctu.engines.precision import COMPUTE_DTYPE_ATTR
+from ctu.engines.precision import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR
 from ctu.train.policy import Policy
 from ctu.train.weights import hf_name, lora_modules
 
@@ -81,6 +81,7 @@ def _shard(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy, offload
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
     for target in {model, base}:
         setattr(target, COMPUTE_DTYPE_ATTR, torch.float32)  # FSDP casts; no ctu autocast on top
+        setattr(target, TRAIN_DTYPE_ATTR, None)
     setattr(model, SHARDED_ATTR, mesh)
     # token_logprobs calls the body and lm_head directly, never the root's forward: the root unit is unsharded
     # by these hooks (a no-op while unsharded, so chunked head calls add no collective) and resharded, its

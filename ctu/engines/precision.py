@@ -14,11 +14,17 @@ import contextlib
 import torch
 
 COMPUTE_DTYPE_ATTR = "ctu_compute_dtype"
+# ``trainer.autocast``: the dtype the trainer's own passes (gradient passes and the update's scoring) autocast to
+# over fp32 weights, while the engine sharing the model keeps decoding in the compute dtype
+TRAIN_DTYPE_ATTR = "ctu_train_dtype"
 
 
-def compute_context(model: torch.nn.Module):
-    """Autocast to the model's compute dtype when it has one below fp32 (set by ``build_policy``), no cast cache."""
+def compute_context(model: torch.nn.Module, train: bool = False):
+    """Autocast to the model's compute dtype when it has one below fp32 (set by ``build_policy``), no cast cache.
+    ``train``: a trainer pass, which uses ``trainer.autocast``'s dtype when one is set."""
     dtype = getattr(model, COMPUTE_DTYPE_ATTR, None)
+    if train and getattr(model, TRAIN_DTYPE_ATTR, None) is not None:
+        dtype = getattr(model, TRAIN_DTYPE_ATTR)
     if dtype is None or dtype == torch.float32:
         return contextlib.nullcontext()
     device = next(model.parameters()).device.type

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ctu.engines.precision import COMPUTE_DTYPE_ATTR, compute_context  # noqa: F401 - re-exported
+from ctu.engines.precision import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR, compute_context  # noqa: F401 - re-exported
 from ctu.shared_prefix import needed_hidden, needed_logits
 
 LOGIT_BUDGET = 1 << 25  # fp32 logit elements per chunk (128 MiB), unless ``chunk`` says otherwise
@@ -52,21 +52,22 @@ def _chunk_fn(head, temperature: float, with_entropy: bool):
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    temperature: float = 1.0, with_entropy: bool = False, needed: torch.Tensor | None = None,
-                   chunk: int | None = None, entropy_grad: bool = True):
+                   chunk: int | None = None, entropy_grad: bool = True, train: bool | None = None):
     """Logprobs of each next token (positions 1..T-1) under ``logits / temperature``; optional entropy.
 
     Returns (logprobs [B, T-1], entropy [B, T-1] or None). ``needed`` [B, T-1] (e.g. the loss mask) limits
     the work to the positions some row scores; positions no row scores come back as 0. ``chunk``: positions
     per lm_head chunk (default: as many as fit ``LOGIT_BUDGET`` fp32 logits). The entropy carries a
     gradient when gradients are enabled (``entropy_grad=False`` detaches it), so an entropy bonus in the
-    loss changes the gradient.
+    loss changes the gradient. ``train``: a trainer pass, autocast to ``trainer.autocast``'s dtype when set
+    (default: when gradients are enabled; the update's scoring passes say so, so its ratios compare like with like).
     """
     batch, width = input_ids.shape
     device = input_ids.device
     out = torch.zeros((batch, width - 1), device=device)
     entropy_out = torch.zeros((batch, width - 1), device=device) if with_entropy else None
     body, head = body_and_head(model)
-    with compute_context(model):
+    with compute_context(model, train=torch.is_grad_enabled() if train is None else train):
         if body is not None:
             states, positions = needed_hidden(model, body, input_ids, attention_mask, needed)
         else:  # a model of another shape: full logits at the needed positions

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ctu.config import Config
-from ctu.train.logprobs import COMPUTE_DTYPE_ATTR, compute_context, token_logprobs
+from ctu.train.logprobs import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR, compute_context, token_logprobs
 from ctu.train.weights import absorb_lora, export, hf_name, merged_named_tensors
 
 __all__ = ["Policy", "assert_precision_policy", "build_policy", "export", "hf_name", "token_logprobs"]
@@ -131,6 +131,7 @@ def build_policy(config: Config, device: str | None = None) -> Policy:
     # an fp32 checkpoint loses nothing), the frozen reference cast to the compute dtype.
     model = load_model(config.model.path, dtype=compute if config.lora.enabled else torch.float32, device=device)
     setattr(model, COMPUTE_DTYPE_ATTR, compute)
+    setattr(model, TRAIN_DTYPE_ATTR, DTYPES.get(config.trainer.autocast))  # None: the trainer computes as the engine
     tokenizer = load_tokenizer(config.model.path)
     if config.trainer.gradient_checkpointing:
         model.gradient_checkpointing_enable()

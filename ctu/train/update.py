@@ -122,11 +122,12 @@ def collate(samples: Sequence[Sample], device, weights: Sequence[torch.Tensor] |
 
 @torch.no_grad()
 def score_logprobs(model, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
-    """Teacher-forced logprobs of the masked tokens, in eval mode (no dropout), without gradient."""
+    """Teacher-forced logprobs of the masked tokens, in eval mode (no dropout), without gradient, in the
+    trainer's precision (``trainer.autocast``), as the gradient pass computes them."""
     was_training = model.training
     model.eval()
     try:
-        return token_logprobs(model, batch["ids"], batch["attn"], temperature, needed=batch["mask"])[0]
+        return token_logprobs(model, batch["ids"], batch["attn"], temperature, needed=batch["mask"], train=True)[0]
     finally:
         model.train(was_training)
 
