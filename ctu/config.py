@@ -276,7 +276,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 errors.append(str(exc))
         raise ConfigError(errors[0])
     if origin is Literal:
-        if value not in get_args(tp):
+        if isinstance(value, bool) and ("on" if value else "off") in get_args(tp):
+            return "on" if value else "off"  # YAML 1.1 reads a bare on/off as a bool
+        if isinstance(value, bool) or value not in get_args(tp):
             allowed = ", ".join(repr(v) for v in get_args(tp))
             raise ConfigError(f"{key}: must be one of {allowed}, got {value!r}")
         return value

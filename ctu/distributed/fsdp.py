@@ -9,8 +9,9 @@ Precision: the parameters keep :func:`ctu.train.policy.build_policy`'s layout â€
 full fine-tuning, the LoRA adapters) are fp32 masters, frozen ones in the compute dtype â€” and FSDP2's
 ``MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=float32)`` casts them to the compute dtype for the
 forward and reduce-scatters gradients in fp32 into the fp32 sharded masters (the optimizer state stays fp32).
-ctu's own autocast (:func:`ctu.train.logprobs.compute_context`) is switched off for sharded models (the compute
-dtype attribute is set to float32): the cast is FSDP's, once per unit, not per op.
+ctu's own autocast (:func:`ctu.train.logprobs.compute_context`) to the compute dtype is switched off for sharded
+models (the compute dtype attribute is set to float32): the cast is FSDP's, once per unit, not per op.
+``trainer.autocast`` (bf16 matmuls in the trainer's passes over fp32 weights) is kept, as in one process.
 
 Loss semantics: each rank holds a slice of the episodes of one update; ``policy_update(..., reduce=
 make_reduce(group))`` makes the loss denominators and the stats global, and gradients are SUMMED across ranks
@@ -79,9 +80,12 @@ def _shard(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy, offload
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # SUM across ranks: the loss weights are global already
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    # FSDP casts to the compute dtype; no ctu autocast on top, except ``trainer.autocast``'s for the trainer's own
+    # passes over fp32 masters, which the in-process trainer runs too (the same numbers on N ranks as in one process)
+    train_dtype = getattr(model, TRAIN_DTYPE_ATTR, None)
     for target in {model, base}:
-        setattr(target, COMPUTE_DTYPE_ATTR, torch.float32)  # FSDP casts; no ctu autocast on top
-        setattr(target, TRAIN_DTYPE_ATTR, None)
+        setattr(target, COMPUTE_DTYPE_ATTR, torch.float32)
+        setattr(target, TRAIN_DTYPE_ATTR, train_dtype)
     setattr(model, SHARDED_ATTR, mesh)
     # token_logprobs calls the body and lm_head directly, never the root's forward: the root unit is unsharded
     # by these hooks (a no-op while unsharded, so chunked head calls add no collective) and resharded, its

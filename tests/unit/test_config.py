@@ -81,3 +81,12 @@ def test_override_values_are_yaml():
 def test_every_preset_loads_and_validates(preset):
     cfg = load_config(f"configs/{preset}")
     assert cfg.trainer.max_steps >= 1 and cfg.env.domains
+
+
+def test_off_reads_as_the_word_in_a_literal_choice(tmp_path):
+    """YAML 1.1 reads a bare ``off`` as False: ``trainer.autocast=off`` (and ``autocast: off`` in a file) mean the
+    choice 'off', not a type error; a bool stays an error where the choice has no such word."""
+    assert load_config(None, ["trainer.autocast=off"]).trainer.autocast == "off"
+    assert load_config(write(tmp_path, "trainer:\n  autocast: off\n")).trainer.autocast == "off"
+    with pytest.raises(ConfigError, match="engine.kind: must be one of"):
+        load_config(None, ["engine.kind=off"])
