@@ -66,7 +66,7 @@ def config_problems(config: Config) -> list[str]:
     if t.mini_batches >= 1 and episodes % t.mini_batches:
         problems.append(f"trainer.mini_batches: {t.mini_batches} does not divide the rollout batch of "
                         f"{episodes} episodes (trainer.tasks_per_step x trainer.samples_per_task)")
-    if t.advantage not in ("rloo", "reinforce_pp") and t.samples_per_task < 2:
+    if t.advantage not in ("rloo", "reinforce_pp", "rft") and t.samples_per_task < 2:
         problems.append("trainer.samples_per_task: group advantages need at least 2 samples per task")
     if t.lr <= 0:
         problems.append(f"trainer.lr: must be > 0, got {t.lr}")

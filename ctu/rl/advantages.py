@@ -66,6 +66,17 @@ def batch_advantages(rewards: Sequence[float], *, eps: float = 1e-6) -> torch.Te
     return ((r - r.mean()) / (r.std(unbiased=True) + eps)).float()
 
 
+SUCCESS = 1.0 - 1e-6  # rft: the full reward
+
+
+def success_advantages(rewards: Sequence[float]) -> torch.Tensor:
+    """RFT (rejection-sampling fine-tuning, expert iteration): 1 for an episode that reached the full reward, 0
+    otherwise. The update then imitates the policy's own successes (the loss is the mean over their tokens) and
+    pushes nothing down: no baseline, so a batch where writes fail more often than reports cannot teach "never
+    write", and no group is needed. :func:`scored_advantages` leaves the 0s out of the update altogether."""
+    return torch.tensor([1.0 if r >= SUCCESS else 0.0 for r in rewards])
+
+
 def informative_groups(rewards: Sequence[float], group_ids: Sequence[Hashable], tol: float = 1e-9) -> list[int]:
     """Dynamic sampling: indices of episodes whose group's rewards are not all equal (in order)."""
     keep = set()
@@ -81,8 +92,9 @@ ESTIMATORS = {
     "dr_grpo": lambda r, g: grpo_advantages(r, g, normalize_std=False),
     "rloo": rloo_advantages,
     "reinforce_pp": lambda r, g: batch_advantages(r),
+    "rft": lambda r, g: success_advantages(r),
 }
-GROUP_FREE = {"reinforce_pp"}  # baselines that do not need a group of samples of the same task
+GROUP_FREE = {"reinforce_pp", "rft"}  # estimators that do not need a group of samples of the same task
 
 
 def compute_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[Hashable]) -> torch.Tensor:
@@ -98,7 +110,7 @@ def scored_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[H
 
     Errored episodes are left out *before* the group statistics (they have no reward, not reward 0), and a
     group with fewer than two scored episodes has no baseline, so it contributes nothing (except under a batch
-    baseline, which every scored episode shares).
+    baseline, which every scored episode shares). Under ``rft`` only the successes are returned.
     """
     if not len(rewards) == len(group_ids) == len(errored):
         raise ValueError(f"{len(rewards)} rewards, {len(group_ids)} group ids, {len(errored)} error flags")
@@ -110,4 +122,5 @@ def scored_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[H
     if not usable:
         return {}
     adv = compute_advantages(name, [rewards[i] for i in usable], [group_ids[i] for i in usable])
-    return dict(zip(usable, adv.tolist(), strict=True))
+    out = dict(zip(usable, adv.tolist(), strict=True))
+    return {i: a for i, a in out.items() if a != 0.0} if name == "rft" else out

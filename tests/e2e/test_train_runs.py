@@ -139,6 +139,19 @@ def test_groups_that_always_succeed_train_only_under_the_batch_baseline(tmp_path
         assert metrics["train"]["grad_norm"] > 0
 
 
+def test_rft_updates_on_the_successful_episodes_only(tmp_path, monkeypatch):
+    trainer = Trainer(config(tmp_path / "run", "trainer.max_steps=1", "trainer.advantage=rft", "trainer.samples_per_task=1",
+                             "trainer.tasks_per_step=4"))
+    monkeypatch.setattr(trainer, "_rollout", lambda specs, temperature, seed, judge=None:
+                        [fake_trajectory(s) for s in specs])
+    monkeypatch.setattr(trainer, "rewards", lambda trajectories: TrainingRewards((1.0, 0.0, 1.0, 0.0), (1.0, 0.0, 1.0, 0.0)))
+    metrics = trainer.train_step()["metrics"]
+    assert metrics["rollout"]["trained_episodes"] == 2 and metrics["train"]["grad_norm"] > 0
+    monkeypatch.setattr(trainer, "rewards", lambda trajectories: TrainingRewards((0.0,) * 4, (0.0,) * 4))
+    metrics = trainer.train_step()["metrics"]  # no success: nothing to imitate, no update
+    assert metrics["rollout"]["trained_episodes"] == 0 and metrics["train"]["updates"] == 0
+
+
 def test_after_the_warm_start_the_kl_reference_is_the_warm_started_policy(tmp_path):
     cfg = config(tmp_path / "run", "trainer.sft_steps=3", "trainer.sft_lr=0.01", "trainer.sft_batch_size=2",
                  "trainer.kl_coef=0.1", "trainer.max_steps=1")

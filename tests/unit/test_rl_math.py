@@ -209,3 +209,26 @@ def test_errored_episodes_leave_the_baseline_and_lone_groups_contribute_nothing(
             expected = compute_advantages(name, [rewards[i] for i in members], [g] * len(members))
             for i, e in zip(members, expected.tolist(), strict=True):
                 assert abs(adv[i] - e) <= 1e-4 * max(1.0, abs(e))
+
+
+@given(grouped_rewards(), st.lists(st.booleans(), min_size=30, max_size=30))
+def test_rft_trains_on_the_scored_successes_only_with_equal_weight(data, flags):
+    """``rft`` (rejection-sampling fine-tuning): an episode that reached the full reward is imitated (advantage 1),
+    every other one, and every errored one, is left out of the update: no negative gradient, no baseline."""
+    from ctu.rl.advantages import scored_advantages
+
+    rewards, groups = data
+    errored = flags[: len(rewards)]
+    adv = scored_advantages("rft", rewards, groups, errored)
+    assert sorted(adv) == [i for i, (r, bad) in enumerate(zip(rewards, errored, strict=True)) if not bad and r >= 1.0]
+    assert all(a == 1.0 for a in adv.values())
+
+
+def test_rft_keeps_a_success_of_a_lone_sample():
+    assert scored_advantages_of("rft", [1.0, 0.0, 0.999], ["a", "b", "c"]) == {0: 1.0}
+
+
+def scored_advantages_of(name, rewards, groups):
+    from ctu.rl.advantages import scored_advantages
+
+    return scored_advantages(name, rewards, groups, [False] * len(rewards))
