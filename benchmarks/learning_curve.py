@@ -185,12 +185,13 @@ def main() -> None:
             if seed in warm:
                 state, start = warm[seed]
                 trainer.policy.model.load_state_dict(state["model"])
-                trainer.policy._rebased.update(state["rebased"])
+                trainer.policy.load_reference_state(state["rebased"])
             else:
                 began = time.perf_counter()
                 trainer.warm_start(demos)
                 start = {"warm_start_s": time.perf_counter() - began, **success(trainer, "warm_start")}
-                state = {"model": snapshot(trainer), "rebased": dict(trainer.policy._rebased)}
+                state = {"model": snapshot(trainer),  # copies: the arms after this one start from them
+                         "rebased": {n: t.clone() for n, t in trainer.policy.reference_state().items()}}
                 if cache is not None:
                     cache.parent.mkdir(parents=True, exist_ok=True)
                     torch.save(state, cache)

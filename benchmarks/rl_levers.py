@@ -55,14 +55,15 @@ def main() -> None:
     if cache.exists():
         state = torch.load(cache)
         trainer.policy.model.load_state_dict(state["model"])
-        trainer.policy._rebased.update(state["rebased"])
+        trainer.policy.load_reference_state(state["rebased"])
         start = json.loads(cache.with_suffix(".json").read_text())
+        del state  # the model holds the weights now
     else:
         began = time.perf_counter()
         trainer.warm_start(warm_start_samples(trainer.chat, trainer.domains, config.trainer.sft_data))
         start = {"warm_start_s": time.perf_counter() - began, **success(trainer, "warm_start")}
         cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": snapshot(trainer), "rebased": dict(trainer.policy._rebased)}, cache)
+        torch.save({"model": snapshot(trainer), "rebased": trainer.policy.reference_state()}, cache)
         cache.with_suffix(".json").write_text(json.dumps(start))
     print(f"warm start: {start['success']:.3f} {per_kind(start['tasks'], kinds)}", flush=True)
     trainer.sync.base_changed = True

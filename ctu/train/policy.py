@@ -53,7 +53,8 @@ class Policy:
     lora: bool
     reference: torch.nn.Module | None = None  # full fine-tuning only
     compute_dtype: torch.dtype = torch.float32
-    _rebased: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # LoRA: base weights changed
+    _rebased: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # LoRA: the base weights a rebase
+    # changed, as the model's own frozen tensors (no copy: LoRA never writes a base weight after the rebase)
     compute_device: torch.device | None = None  # where forwards run, when parameters live elsewhere (offload)
 
     @property
@@ -102,9 +103,11 @@ class Policy:
 
     def reference_state(self) -> dict[str, torch.Tensor]:
         """What :meth:`rebase_reference` changed, for a checkpoint: the LoRA base weights it rewrote
-        (PEFT names; empty if never rebased), or every reference weight (full fine-tuning)."""
+        (PEFT names; empty if never rebased), or every reference weight (full fine-tuning). LoRA's are the frozen
+        weights themselves on the CPU (a checkpoint writes them and nothing writes them after the rebase: no copy
+        of the model's size at every checkpoint), copied to the CPU from an accelerator."""
         if self.lora:
-            return {n: t.clone() for n, t in self._rebased.items()}
+            return {n: t.detach().cpu() for n, t in self._rebased.items()}
         return {n: p.detach().cpu().clone() for n, p in self.reference.named_parameters()}
 
     def load_reference_state(self, state: dict[str, torch.Tensor]) -> None:
@@ -118,7 +121,7 @@ class Policy:
             for name, tensor in state.items():
                 params[name].copy_(tensor.to(device=params[name].device, dtype=params[name].dtype))
         if self.lora:
-            self._rebased.update({n: t.detach().cpu().clone() for n, t in state.items()})
+            self._rebased.update({n: params[n].detach() for n in state})
 
 
 def build_policy(config: Config, device: str | None = None) -> Policy:

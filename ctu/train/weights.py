@@ -96,7 +96,8 @@ def merged_named_tensors(model: torch.nn.Module, lora: bool,
 
 def absorb_lora(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Merge every active LoRA delta into its frozen base weight (fp32 sum, one cast to the base's dtype)
-    and reset the adapter to the identity (lora_B = 0). Returns the changed base weights by PEFT name."""
+    and reset the adapter to the identity (lora_B = 0). Returns the changed base weights by PEFT name: the model's
+    own frozen tensors, not copies (a copy of every adapted weight is the size of the model)."""
     changed: dict[str, torch.Tensor] = {}
     params = dict(model.named_parameters())
     with torch.no_grad():
@@ -107,7 +108,7 @@ def absorb_lora(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             name = f"{module_name}.base_layer.weight"
             base = params[name]
             base.copy_((base.to(torch.float32) + delta).to(base.dtype))
-            changed[name] = base.detach().cpu().clone()
+            changed[name] = base.detach()
             del delta
         for _, module in lora_modules(model):
             for adapter in module.active_adapters:
