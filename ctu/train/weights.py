@@ -9,7 +9,7 @@ master adapters carry (a bf16 weight near 0.02 has a spacing of ~1e-4; a step at
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -127,15 +127,18 @@ def export(policy, out_dir: str | Path, base_path: str) -> dict[str, str]:
     if policy.lora:
         policy.model.save_pretrained(out / "adapter")
         paths["adapter"] = str(out / "adapter")
-    merged = {name: tensor.cpu() for name, tensor in policy.merged_named_tensors(dtype=torch.float32)}
+    # streamed: one merged tensor at a time goes into the model written (a dict of them all is a model's size more)
+    merged = ((name, tensor.cpu()) for name, tensor in policy.merged_named_tensors(dtype=torch.float32))
     return {**paths, **export_tensors(merged, out, base_path, policy.tokenizer)}
 
 
-def export_tensors(merged: dict[str, torch.Tensor], out_dir: Path, base_path: str, tokenizer,
-                   adapter: dict[str, torch.Tensor] | None = None, peft_config=None) -> dict[str, str]:
-    """Write ``out_dir/merged`` (a Hugging Face model dir, fp32) from merged HF-named tensors and, given the
-    adapter's PEFT-named tensors and its ``LoraConfig``, ``out_dir/adapter`` as PEFT saves it (adapter name
-    dropped from the keys); for a sharded policy, whose tensors were gathered."""
+def export_tensors(merged: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], out_dir: Path,
+                   base_path: str, tokenizer, adapter: dict[str, torch.Tensor] | None = None,
+                   peft_config=None) -> dict[str, str]:
+    """Write ``out_dir/merged`` (a Hugging Face model dir, fp32) from merged HF-named tensors (a dict, or pairs
+    copied in one at a time) and, given the adapter's PEFT-named tensors and its ``LoraConfig``,
+    ``out_dir/adapter`` as PEFT saves it (adapter name dropped from the keys); for a sharded policy, whose tensors
+    were gathered."""
     from transformers import AutoModelForCausalLM
 
     from ctu.models import resolve_model
@@ -150,8 +153,18 @@ def export_tensors(merged: dict[str, torch.Tensor], out_dir: Path, base_path: st
         save_file(state, str(out_dir / "adapter" / "adapter_model.safetensors"))
         paths["adapter"] = str(out_dir / "adapter")
     model = AutoModelForCausalLM.from_pretrained(resolve_model(base_path), dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(merged, strict=False)
-    if unexpected or [m for m in missing if "lm_head" not in m]:
+    state = model.state_dict()
+    seen, unexpected = set(), []
+    with torch.no_grad():
+        for name, tensor in (merged.items() if isinstance(merged, dict) else merged):
+            if name in state:
+                state[name].copy_(tensor)
+                seen.add(name)
+            else:
+                unexpected.append(name)
+            del tensor
+    missing = [n for n in state if n not in seen and "lm_head" not in n]
+    if unexpected or missing:
         raise RuntimeError(f"export name mismatch: missing={missing[:5]} unexpected={unexpected[:5]}")
     model.tie_weights()
     model.save_pretrained(out_dir / "merged")
