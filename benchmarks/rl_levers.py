@@ -25,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning_curve import snapshot, success, task_kind  # noqa: E402
 
 from ctu.config import load_config  # noqa: E402
-from ctu.train.demos import warm_start_samples  # noqa: E402
 from ctu.train.trainer import Trainer  # noqa: E402
 
 
@@ -60,7 +59,7 @@ def main() -> None:
         del state  # the model holds the weights now
     else:
         began = time.perf_counter()
-        trainer.warm_start(warm_start_samples(trainer.chat, trainer.domains, config.trainer.sft_data))
+        trainer.warm_start()  # trainer.sft_data or the gold demos (less trainer.sft_exclude), as ctu train
         start = {"warm_start_s": time.perf_counter() - began, **success(trainer, "warm_start")}
         cache.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"model": snapshot(trainer), "rebased": trainer.policy.reference_state()}, cache)

@@ -176,6 +176,9 @@ class TrainerConfig:
     sft_lr: float = 1e-4
     sft_batch_size: int = 8
     sft_data: str | None = None  # warm start on this OpenAI chat JSONL / sharegpt file instead of gold demos
+    # gold demos of the train tasks whose description matches none of these keys (``field`` or ``field=value``,
+    # as in env.task_weights); e.g. [refusal]: no demonstration of refusing
+    sft_exclude: list[str] = field(default_factory=list)
     ckpt_interval: int = 5
     keep_checkpoints: int = 2
     eval_interval: int = 0  # 0: only before (if eval_before_train) and after training

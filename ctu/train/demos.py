@@ -17,7 +17,7 @@ from ctu.data.conversations import DataError, gold_conversations, gold_turns
 from ctu.env import agent_view
 from ctu.train.update import Sample, to_sample
 
-__all__ = ["conversation_sample", "file_samples", "fit_context", "gold_samples", "gold_turns", "warm_start_samples"]
+__all__ = ["conversation_sample", "demo_tasks", "file_samples", "fit_context", "gold_samples", "gold_turns", "warm_start_samples"]
 
 
 def conversation_sample(chat, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> Sample:
@@ -87,17 +87,31 @@ def fit_context(samples: Sequence[Sample], max_tokens: int, source: str,
     return kept, note
 
 
-def warm_start_samples(chat, domains, sft_data: str | None = None, max_tokens: int | None = None) -> list[Sample]:
+def demo_tasks(domains, exclude: Sequence[str] = ()) -> list[tuple[Any, list]]:
+    """(domain, its train tasks — all if it has no train split — that match none of ``exclude``) per domain.
+    A key that matches no training task is a ConfigError naming ``trainer.sft_exclude``."""
+    pools = [(d, d.split("train") if "train" in d.splits else list(d.tasks)) for d in domains]
+    unmatched = [k for k in exclude if not any(t.matches(k) for _, tasks in pools for t in tasks)]
+    if unmatched:
+        from ctu.config import ConfigError
+
+        raise ConfigError(f"trainer.sft_exclude: {', '.join(unmatched)} matches no training task's description "
+                          f"in {', '.join(d.name for d, _ in pools)}")
+    return [(d, [t for t in tasks if not any(t.matches(k) for k in exclude)]) for d, tasks in pools]
+
+
+def warm_start_samples(chat, domains, sft_data: str | None = None, max_tokens: int | None = None,
+                       exclude: Sequence[str] = ()) -> list[Sample]:
     """The warm start's data: the file ``sft_data`` when given, else every domain's gold demonstrations of its
-    train split (all tasks if it has none). With ``max_tokens`` (``env.max_context_tokens``), longer
-    conversations are dropped with one warning line on stderr counting them (see :func:`fit_context`)."""
+    train split (all tasks if it has none) but those matching ``exclude`` (``trainer.sft_exclude``). With
+    ``max_tokens`` (``env.max_context_tokens``), longer conversations are dropped with one warning line on stderr
+    counting them (see :func:`fit_context`)."""
     where: list[str] = []
     if sft_data:
         samples, source = file_samples(chat, sft_data, where), f"trainer.sft_data: {sft_data}"
     else:
         samples, source = [], "gold demonstrations"
-        for d in domains:
-            tasks = d.split("train") if "train" in d.splits else d.tasks
+        for d, tasks in demo_tasks(domains, exclude):
             samples += gold_samples(chat, d, tasks)
             where += [f"{d.name} task {t.id}" for t in tasks]
     if max_tokens is None:

@@ -27,7 +27,7 @@ from ctu.rollout import EpisodeSpec, Trajectory, warn_prompt_budget
 from ctu.runlock import RunDirLock
 from ctu.tracking import Tracker, eval_phase, record_eval
 from ctu.train.checkpoint import clean_stale, previous_run, resolve_resume
-from ctu.train.demos import warm_start_samples
+from ctu.train.demos import demo_tasks, warm_start_samples
 from ctu.train.sync import WeightSync
 from ctu.train.update import release_memory, to_sample
 
@@ -43,11 +43,9 @@ class TrainingRewards:
 def task_weight(task, weights: dict[str, float]) -> float:
     """A training task's sampling weight under ``env.task_weights``: the product of the weights of the keys its
     description matches (``field``: the field is truthy; ``field=value``: its value, as text, is ``value``)."""
-    description = task.description if isinstance(task.description, dict) else {}
     out = 1.0
     for key, weight in weights.items():
-        name, eq, value = key.partition("=")
-        if (str(description.get(name)) == value) if eq else bool(description.get(name)):
+        if task.matches(key):
             out *= weight
     return out
 
@@ -129,10 +127,14 @@ class Trainer:
         torch.manual_seed(config.run.seed)
         random.seed(config.run.seed)
         preflight(config)  # Ray set-ups that cannot work fail here, before any model is loaded
+        self.domains = build.build_domains(config)  # task keys that match nothing fail before the model loads
+        self.sampler = TaskSampler(self.domains, [config.env.weights.get(n, 1.0) for n in config.env.domains],
+                                   config.run.seed, config.env.task_weights)
+        if config.trainer.sft_steps > 0 and config.trainer.sft_data is None:
+            demo_tasks(self.domains, config.trainer.sft_exclude)
         self.group = build_trainer_group(config)
         self.group.release_memory()  # what building the policy cached, before an engine starts beside it
         self.chat = build.build_chat(config, tokenizer=self.group.tokenizer)
-        self.domains = build.build_domains(config)
         warn_prompt_budget(self.chat, self.domains, config.env.max_context_tokens)
         self.user = build.build_user(config)
         self.judge = build.build_judge(config)
@@ -152,8 +154,6 @@ class Trainer:
             self.pool = LocalPool.from_config(config, self.engine, self.chat, self.user, judge=self.judge)
         self.sync = WeightSync(config, self.group, self.pool)
         self.rebased = False  # the KL reference is the warm-started policy (stored in checkpoints)
-        self.sampler = TaskSampler(self.domains, [config.env.weights.get(n, 1.0) for n in config.env.domains],
-                                   config.run.seed, config.env.task_weights)
         self.step = 0
         self.shaper = None
         if config.shaping.enabled:
@@ -289,8 +289,8 @@ class Trainer:
         t = self.config.trainer
         if t.sft_steps <= 0:
             return None
-        demos = (warm_start_samples(self.chat, self.domains, t.sft_data, self.config.env.max_context_tokens)
-                 if demos is None else demos)
+        demos = (warm_start_samples(self.chat, self.domains, t.sft_data, self.config.env.max_context_tokens,
+                                    exclude=t.sft_exclude) if demos is None else demos)
         from tqdm import tqdm
 
         batches = sft_batches(demos, t.sft_steps, t.sft_batch_size, self.config.run.seed)

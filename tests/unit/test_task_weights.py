@@ -5,13 +5,13 @@ import random
 import pytest
 
 from ctu.config import ConfigError, load_config
+from ctu.domains.base.tasks import Task
 from ctu.domains.mini import load
 from ctu.train.trainer import TaskSampler, task_weight
 
 
-class T:
-    def __init__(self, **description):
-        self.description = description
+def T(**description):
+    return Task(id="t", user_scenario={}, description=description)
 
 
 def test_a_task_weighs_the_product_of_the_keys_its_description_matches():

@@ -64,6 +64,13 @@ class Task:
     # tau2's ``initial_state``: ``initialization_data`` and ``initialization_actions`` applied before the episode
     initial_state: dict[str, Any] | None = None
 
+    def matches(self, key: str) -> bool:
+        """Whether the description matches ``key``: ``field`` (the field is truthy) or ``field=value`` (its value,
+        as text, is ``value``) — the keys of env.task_weights and trainer.sft_exclude."""
+        description = self.description if isinstance(self.description, dict) else {}
+        name, eq, value = key.partition("=")
+        return str(description.get(name)) == value if eq else bool(description.get(name))
+
     @classmethod
     def from_tau2(cls, raw: Mapping[str, Any]) -> Task:
         """Build from one entry of a tau2 ``tasks.json``."""
