@@ -37,7 +37,8 @@ def config_problems(config: Config) -> list[str]:
     if config.trainer.sft_data is not None and not Path(config.trainer.sft_data).is_file():
         problems.append(f"trainer.sft_data: file {config.trainer.sft_data} does not exist")
     if config.trainer.sft_data is not None and config.trainer.sft_exclude:
-        problems.append("trainer.sft_exclude: selects gold demonstrations; it cannot filter trainer.sft_data (a file)")
+        problems.append("trainer.sft_exclude: selects gold demonstrations; it cannot filter trainer.sft_data (a file): "
+                        "set trainer.sft_exclude=[]")
     for name, weight in config.env.weights.items():
         if name not in config.env.domains:
             problems.append(f"env.weights.{name}: not one of env.domains")

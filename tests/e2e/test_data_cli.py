@@ -81,7 +81,8 @@ def config(run_dir, *extra):
     return load_config("configs/quickstart.yaml", [
         "model.path=tiny-random", f"run.dir={run_dir}", "trainer.tasks_per_step=2", "trainer.samples_per_task=2",
         "trainer.eval_max_tasks=2", "sampling.max_tokens=8", "env.max_turns=2", "trainer.eval_before_train=false",
-        "trainer.export=false", "trainer.sft_steps=1", "trainer.sft_batch_size=2", "trainer.max_steps=1", *extra])
+        "trainer.export=false", "trainer.sft_steps=1", "trainer.sft_batch_size=2", "trainer.max_steps=1",
+        "trainer.sft_exclude=[]", *extra])  # the exported file holds every gold demo
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from ctu.train.update import to_sample
 def config(run_dir, *extra):
     return load_config("configs/quickstart.yaml", [
         "model.path=tiny-random", f"run.dir={run_dir}", "trainer.eval_before_train=false", "trainer.export=false",
-        "trainer.max_steps=1", "trainer.sft_steps=2", "trainer.sft_batch_size=3", *extra])
+        "trainer.max_steps=1", "trainer.sft_steps=2", "trainer.sft_batch_size=3", "trainer.sft_exclude=[]", *extra])
 
 
 def chat_line(user: str) -> str:
