@@ -170,8 +170,9 @@ class TrainerConfig:
     entropy_coef: float = 0.0
     gradient_checkpointing: bool = False
     # the trainer's passes (warm start, RL update) autocast to bf16 over the fp32 weights; the in-process engine
-    # keeps decoding in model.dtype (bf16 decode is slower on CPUs; bf16 matmuls for training are faster)
-    autocast: Literal["off", "bfloat16"] = "off"
+    # keeps decoding in model.dtype. auto: bf16 where the device computes it natively (CUDA, CPUs with AVX512-BF16
+    # or AMX), fp32 elsewhere (emulated bf16 matmuls on an AVX2 CPU run ~60x slower); printed once at start
+    autocast: Literal["auto", "off", "bfloat16"] = "auto"
     sft_steps: int = 0  # supervised warm start on gold demonstrations (train split) before RL
     sft_lr: float = 1e-4
     sft_batch_size: int = 8

@@ -77,6 +77,11 @@ class TrainerGroup(ABC):
     @abstractmethod
     def world_size(self) -> int: ...
 
+    @property
+    @abstractmethod
+    def precision_note(self) -> str:
+        """The weights' dtype and ``trainer.autocast``'s resolution with its reason (printed once at start)."""
+
     @abstractmethod
     def update(self, samples: Sequence[Sample], temperature: float, seed: int) -> dict[str, float]:
         """One policy update (``ppo_epochs`` x ``mini_batches`` optimizer steps); its stats and ``lr``."""
@@ -142,6 +147,10 @@ class LocalTrainer(TrainerGroup):
     @property
     def world_size(self) -> int:
         return 1
+
+    @property
+    def precision_note(self) -> str:
+        return self.policy.precision_note
 
     def update(self, samples, temperature, seed):
         from ctu.train.update import policy_update

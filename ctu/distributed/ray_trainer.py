@@ -75,6 +75,9 @@ class TrainerRank:
         self.release_memory()  # the full-precision load's cache, before a colocated engine starts
         return os.getpid()
 
+    def precision_note(self) -> str:
+        return self.policy.precision_note
+
     def release_memory(self) -> None:
         from ctu.train.update import release_memory
 
@@ -253,6 +256,10 @@ class RayTrainerGroup(TrainerGroup):
     @property
     def world_size(self) -> int:
         return len(self.ranks)
+
+    @property
+    def precision_note(self) -> str:
+        return f"{_import_ray().get(self.ranks[0].precision_note.remote())} (rank 0 of {len(self.ranks)})"
 
     def _all(self, method: str, *args, per_rank: list | None = None, what: str | None = None) -> list:
         """Call ``method`` on every rank at once (``per_rank``: rank k's first argument); their answers."""

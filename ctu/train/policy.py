@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ctu.config import Config
+from ctu.engines.precision import cpu_bf16_support, resolve_autocast
 from ctu.train.logprobs import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR, compute_context, token_logprobs
 from ctu.train.weights import absorb_lora, export, hf_name, merged_named_tensors
 
@@ -56,6 +57,7 @@ class Policy:
     _rebased: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # LoRA: the base weights a rebase
     # changed, as the model's own frozen tensors (no copy: LoRA never writes a base weight after the rebase)
     compute_device: torch.device | None = None  # where forwards run, when parameters live elsewhere (offload)
+    precision_note: str = ""  # trainer.autocast's resolution and why (printed once at start)
 
     @property
     def device(self) -> torch.device:
@@ -134,7 +136,8 @@ def build_policy(config: Config, device: str | None = None) -> Policy:
     # an fp32 checkpoint loses nothing), the frozen reference cast to the compute dtype.
     model = load_model(config.model.path, dtype=compute if config.lora.enabled else torch.float32, device=device)
     setattr(model, COMPUTE_DTYPE_ATTR, compute)
-    setattr(model, TRAIN_DTYPE_ATTR, DTYPES.get(config.trainer.autocast))  # None: the trainer computes as the engine
+    train_dtype, precision_note = resolve_autocast(config.trainer.autocast, device)
+    setattr(model, TRAIN_DTYPE_ATTR, train_dtype)  # None: the trainer computes as the engine
     tokenizer = load_tokenizer(config.model.path)
     if config.trainer.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -161,4 +164,7 @@ def build_policy(config: Config, device: str | None = None) -> Policy:
             p.requires_grad_(False)
         policy = Policy(model, tokenizer, lora=False, reference=reference, compute_dtype=compute)
     assert_precision_policy(policy.model, compute, policy.reference)
+    policy.precision_note = f"precision: weights {str(compute).removeprefix('torch.')}; {precision_note}"
+    if compute != torch.float32 and device == "cpu" and not cpu_bf16_support()[0]:
+        policy.precision_note += f" (model.dtype={config.model.dtype} is emulated on this CPU: use model.dtype=auto)"
     return policy

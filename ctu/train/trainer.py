@@ -133,6 +133,7 @@ class Trainer:
         if config.trainer.sft_steps > 0 and config.trainer.sft_data is None:
             demo_tasks(self.domains, config.trainer.sft_exclude)
         self.group = build_trainer_group(config)
+        print(self.group.precision_note)
         self.group.release_memory()  # what building the policy cached, before an engine starts beside it
         self.chat = build.build_chat(config, tokenizer=self.group.tokenizer)
         warn_prompt_budget(self.chat, self.domains, config.env.max_context_tokens)

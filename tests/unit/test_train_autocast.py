@@ -72,11 +72,11 @@ def test_bf16_training_logprobs_are_the_fp32_ones_to_bf16_precision(model_path):
     assert float((a - b).abs().max()) <= 0.05 * scale, (a, b)  # bf16 keeps ~3 significant digits
 
 
-def test_off_by_default_and_a_bad_value_names_the_key(model_path):
+def test_auto_without_native_bf16_and_a_bad_value_names_the_key(model_path):
     from ctu.train.logprobs import token_logprobs
 
-    policy, config = policy_for(model_path)
-    assert config.trainer.autocast == "off"
+    policy, config = policy_for(model_path)  # the test run pins CTU_NATIVE_BF16=0: auto is fp32 on every CPU
+    assert config.trainer.autocast == "auto"
     with MatmulDtypes() as mode:
         token_logprobs(policy.model, IDS, torch.ones_like(IDS))[0].sum().backward()
     assert mode.seen == {torch.float32}, mode.seen
