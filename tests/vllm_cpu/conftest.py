@@ -8,12 +8,48 @@ small KV cache (VLLM_CPU_KVCACHE_SPACE, GiB).
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
+from tests.vllm_cpu.kernels import cpu_flags, forced, kernel_for, libraries, missing_kernel
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+FORCE_AVX2 = forced()
+if FORCE_AVX2:  # vLLM asks torch whether the CPU has AVX512 (CpuPlatform.import_kernels): answer no -> _C_AVX2
+    import torch
+
+    torch.cpu._is_avx512_supported = lambda: False
+
+
+def _installed_kernels() -> set[str] | None:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return libraries([f"vllm/{p.name}" for p in root.glob("_C*.so")])
+
+
+def pytest_report_header(config) -> str | None:
+    available = _installed_kernels()
+    if available is None:
+        return None
+    need = kernel_for(cpu_flags(), FORCE_AVX2)
+    return f"vLLM CPU kernels: this CPU loads {need} ({'forced' if FORCE_AVX2 else 'by its flags'}); installed: " \
+           f"{', '.join(sorted(available))}"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    available = _installed_kernels()
+    reason = None if available is None else missing_kernel(available, cpu_flags(), FORCE_AVX2)
+    if reason:
+        for item in items:
+            if item.get_closest_marker("vllm_cpu"):
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")
