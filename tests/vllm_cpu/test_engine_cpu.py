@@ -58,6 +58,18 @@ def moved(model, scale, seed):
     return new
 
 
+def test_the_kernel_library_for_this_cpu_is_the_one_loaded(engine):
+    """vLLM loaded the library this CPU needs (``_C_AVX2`` on an AVX2 CPU or under CTU_VLLM_CPU_KERNEL=avx2), and
+    only that one: an AVX2 machine runs the real-vLLM tier on its own kernels."""
+    from pathlib import Path
+
+    from tests.vllm_cpu.kernels import cpu_flags, forced, kernel_for
+
+    maps = Path("/proc/self/maps").read_text()
+    loaded = {name for name in ("_C", "_C_AVX512", "_C_AVX2") if f"/vllm/{name}.abi3.so" in maps}
+    assert loaded == {kernel_for(cpu_flags(), forced())}, loaded
+
+
 def test_greedy_tokens_and_logprobs_are_hugging_faces(engine, hf):
     engine.update_weights(hf.state_dict().items())  # earlier tests in this module may have moved them
     (c,) = gen(engine, [PROMPT], temperature=0.0, max_tokens=8)[0]
