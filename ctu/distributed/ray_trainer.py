@@ -32,6 +32,14 @@ from ctu.distributed.ray_setup import RaySetupError, check_room, group_demand, l
 REFERENCE = "reference.pt"
 
 
+def process_group_backend(cuda: bool, cpu_offload: bool) -> str:
+    """The trainer ranks' backend: gloo on CPU, NCCL on CUDA, and with ``cpu_offload`` gloo beside it for CPU
+    tensors (``clip_grad_norm_`` all-reduces the norms of offloaded gradients where they are, pytorch#148532)."""
+    if not cuda:
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if cpu_offload else "nccl"
+
+
 class TrainerRank:
     """One FSDP2 rank (the body of a Ray actor). ``fault_file``: for fault tests, a file holding ``k``: the
     rank's k-th update kills its process (``os._exit``) mid-update, once."""
@@ -61,8 +69,8 @@ class TrainerRank:
         from ctu.train.policy import build_policy
 
         cuda = torch.cuda.is_available()
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=self.rank,
-                                world_size=self.world)
+        dist.init_process_group(backend=process_group_backend(cuda, self.config.distributed.cpu_offload),
+                                init_method=init_method, rank=self.rank, world_size=self.world)
         device = "cuda" if cuda else "cpu"
         torch.manual_seed(self.config.run.seed)  # every rank builds the same initial weights as the driver would
         random.seed(self.config.run.seed)
@@ -141,6 +149,7 @@ class TrainerRank:
     @torch.no_grad()
     def score(self, ids, attn, temperature: float):
         from ctu.train.logprobs import token_logprobs
+        from ctu.train.update import release_gathered
 
         model = self.policy.model
         model.eval()
@@ -149,6 +158,7 @@ class TrainerRank:
             return token_logprobs(model, ids.to(device), attn.to(device), temperature)[0].cpu()
         finally:
             model.train()
+            release_gathered(self.policy)  # the root stayed gathered from the parity probe through the rollouts
 
     def save(self, root: str, step: int, extra: dict, keep: int, with_reference: bool) -> str:
         from ctu.distributed.dcp import save_sharded
