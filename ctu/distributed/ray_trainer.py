@@ -189,12 +189,20 @@ class TrainerRank:
         from ctu.distributed.fsdp import gathered_lora_tensors, gathered_named_tensors
         from ctu.train.weights import export_tensors
 
-        merged = {n: t.cpu() for n, t in gathered_named_tensors(self.policy, dtype=torch.float32)}
-        adapter = gathered_lora_tensors(self.policy) if self.policy.lora else None
-        if self.rank != 0:
-            return None
-        config = self.policy.model.peft_config["default"] if self.policy.lora else None
-        return export_tensors(merged, Path(out_dir), base_path, self.tokenizer, adapter=adapter, peft_config=config)
+        adapter = gathered_lora_tensors(self.policy) if self.policy.lora else None  # small; {} off rank 0
+        # a collective every rank runs to the end; rank 0 streams it into the model it writes, one tensor at a
+        # time (as the in-process export), instead of a dict of every merged fp32 tensor beside that model
+        stream = gathered_named_tensors(self.policy, dtype=torch.float32)
+        try:
+            if self.rank != 0:
+                return None
+            config = self.policy.model.peft_config["default"] if self.policy.lora else None
+            merged = ((name, tensor.cpu()) for name, tensor in stream)
+            return export_tensors(merged, Path(out_dir), base_path, self.tokenizer, adapter=adapter,
+                                  peft_config=config)
+        finally:
+            for _ in stream:  # the gathers rank 0 has not made (other ranks; a failed write) are still made
+                pass
 
     def _maybe_die(self) -> None:
         if not self.fault_file:
