@@ -1,12 +1,13 @@
 """Trainer ranks as Ray actors: an FSDP2 data-parallel group behind the :class:`TrainerGroup` interface.
 
 ``distributed.trainer_workers=N`` starts N :class:`TrainerRank` actors in one Ray placement group. They form a
-torch.distributed group (gloo on CPU, NCCL on CUDA; rank 0's node address and a free port of it rendezvous),
-each builds the policy from the config with the same seed and shards it with FSDP2 (:func:`shard_policy`:
-per decoder layer and root, ``MixedPrecisionPolicy`` with fp32 masters and fp32 gradient reduction). Every call
-goes to every rank at once (the collectives need all of them); the driver cuts the episodes into contiguous
-slices, one per rank, and takes rank 0's answer. ``policy_update``/``sequence_kl``/``sft_update`` with FSDP's
-``reduce`` hook make one N-rank update equal the single-process one (see :mod:`ctu.train.update`).
+torch.distributed group (gloo on CPU, NCCL on CUDA, plus gloo for offloaded CPU tensors under
+``distributed.cpu_offload``; rank 0's node address and a free port of it rendezvous), each builds the policy
+from the config with the same seed and shards it with FSDP2 (:func:`shard_policy`: per decoder layer and root,
+``MixedPrecisionPolicy`` with fp32 masters and fp32 gradient reduction). Every call goes to every rank at once
+(the collectives need all of them); the driver cuts the episodes into contiguous slices, one per rank, and takes
+rank 0's answer. ``policy_update``/``sequence_kl``/``sft_update`` with FSDP's ``reduce`` hook make one N-rank
+update equal the single-process one (see :mod:`ctu.train.update`).
 
 Placement (``distributed.placement``): ``colocated`` puts rollout worker k in trainer rank k % N's bundle
 (sharing its GPU: a colocated vLLM sleeps during updates), ``split`` gives rollout workers bundles of their own.
