@@ -33,11 +33,11 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ctu.engines.precision import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR
+from ctu.engines.precision import COMPUTE_DEVICE_ATTR, COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR
 from ctu.train.policy import Policy
 from ctu.train.weights import hf_name, lora_modules
 
-__all__ = ["gathered_lora_tensors", "gathered_named_tensors", "is_sharded", "make_reduce", "shard_policy"]
+__all__ = ["gathered_lora_tensors", "gathered_named_tensors", "is_sharded", "make_reduce", "reshard", "shard_policy"]
 
 SHARDED_ATTR = "ctu_fsdp_mesh"
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -86,10 +86,12 @@ def _shard(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy, offload
     for target in {model, base}:
         setattr(target, COMPUTE_DTYPE_ATTR, torch.float32)
         setattr(target, TRAIN_DTYPE_ATTR, train_dtype)
+        setattr(target, COMPUTE_DEVICE_ATTR, mesh.device_type)  # autocast there, wherever offloaded shards live
     setattr(model, SHARDED_ATTR, mesh)
     # token_logprobs calls the body and lm_head directly, never the root's forward: the root unit is unsharded
     # by these hooks (a no-op while unsharded, so chunked head calls add no collective) and resharded, its
-    # gradients reduce-scattered, by FSDP's end-of-backward callback, once per backward on every rank.
+    # gradients reduce-scattered, by FSDP's end-of-backward callback, once per backward on every rank. A pass
+    # without backward (scoring, the frozen reference, the parity probe) must call :func:`reshard` after it.
     def unshard_root(*_):
         base.unshard()
     body.register_forward_pre_hook(unshard_root)
@@ -140,6 +142,14 @@ def _reshard(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
+
+
+def reshard(*models: nn.Module | None) -> None:
+    """Free every gathered FSDP unit of ``models`` (None and unsharded models: nothing to do); local, no
+    collective. After passes without backward: FSDP2 reshards the root only at the end of a backward."""
+    for model in models:
+        if model is not None:
+            _reshard(model)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -211,7 +221,9 @@ def gathered_named_tensors(policy: Policy, dtype: torch.dtype | None = None,
     units = _units(model)
     layer_prefixes = [p for p, _ in units if p]
     for prefix, names in units:
-        with _unsharded(model, names):
+        with _unsharded(model, names):  # the gather is a collective: every rank takes part
+            if not mine:
+                continue  # and drops the full tensors at once
             params = dict(model.named_parameters())
             deltas: dict[str, torch.Tensor] = {}
             if policy.lora:
@@ -232,8 +244,9 @@ def gathered_named_tensors(policy: Policy, dtype: torch.dtype | None = None,
                     tensor = tensor.to(torch.float32) + deltas[name]
                 tensor = tensor if dtype is None else tensor.to(dtype)  # a cast or a merge is already a copy
                 out.append((target, tensor.clone() if tensor.data_ptr() == params[name].data_ptr() else tensor))
-        if mine:
-            yield from out
+        out.reverse()
+        while out:  # handed on one at a time: the list keeps none the consumer has already taken
+            yield out.pop()
 
 
 @torch.no_grad()
@@ -243,7 +256,11 @@ def gathered_lora_tensors(policy: Policy, to_rank: int | None = 0) -> dict[str, 
     if not policy.lora:
         raise ValueError("gathered_lora_tensors: the policy has no LoRA adapters")
     _reshard(policy.model)
-    out = {n: _full(p.detach()).clone() for n, p in policy.model.named_parameters() if p.requires_grad}
-    if is_sharded(policy) and to_rank is not None and dist.get_rank() != to_rank:
-        return {}
+    keep = not is_sharded(policy) or to_rank is None or dist.get_rank() == to_rank
+    out = {}
+    for name, p in policy.model.named_parameters():
+        if p.requires_grad:
+            full = _full(p.detach())  # a collective on every rank; kept only where it is returned
+            if keep:
+                out[name] = full.clone()
     return out

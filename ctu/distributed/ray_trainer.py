@@ -1,12 +1,13 @@
 """Trainer ranks as Ray actors: an FSDP2 data-parallel group behind the :class:`TrainerGroup` interface.
 
 ``distributed.trainer_workers=N`` starts N :class:`TrainerRank` actors in one Ray placement group. They form a
-torch.distributed group (gloo on CPU, NCCL on CUDA; rank 0's node address and a free port of it rendezvous),
-each builds the policy from the config with the same seed and shards it with FSDP2 (:func:`shard_policy`:
-per decoder layer and root, ``MixedPrecisionPolicy`` with fp32 masters and fp32 gradient reduction). Every call
-goes to every rank at once (the collectives need all of them); the driver cuts the episodes into contiguous
-slices, one per rank, and takes rank 0's answer. ``policy_update``/``sequence_kl``/``sft_update`` with FSDP's
-``reduce`` hook make one N-rank update equal the single-process one (see :mod:`ctu.train.update`).
+torch.distributed group (gloo on CPU, NCCL on CUDA, plus gloo for offloaded CPU tensors under
+``distributed.cpu_offload``; rank 0's node address and a free port of it rendezvous), each builds the policy
+from the config with the same seed and shards it with FSDP2 (:func:`shard_policy`: per decoder layer and root,
+``MixedPrecisionPolicy`` with fp32 masters and fp32 gradient reduction). Every call goes to every rank at once
+(the collectives need all of them); the driver cuts the episodes into contiguous slices, one per rank, and takes
+rank 0's answer. ``policy_update``/``sequence_kl``/``sft_update`` with FSDP's ``reduce`` hook make one N-rank
+update equal the single-process one (see :mod:`ctu.train.update`).
 
 Placement (``distributed.placement``): ``colocated`` puts rollout worker k in trainer rank k % N's bundle
 (sharing its GPU: a colocated vLLM sleeps during updates), ``split`` gives rollout workers bundles of their own.
@@ -30,6 +31,14 @@ from ctu.distributed.ray_pool import _import_ray
 from ctu.distributed.ray_setup import RaySetupError, check_room, group_demand, local_room, start_ray, wait_started
 
 REFERENCE = "reference.pt"
+
+
+def process_group_backend(cuda: bool, cpu_offload: bool) -> str:
+    """The trainer ranks' backend: gloo on CPU, NCCL on CUDA, and with ``cpu_offload`` gloo beside it for CPU
+    tensors (``clip_grad_norm_`` all-reduces the norms of offloaded gradients where they are, pytorch#148532)."""
+    if not cuda:
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if cpu_offload else "nccl"
 
 
 class TrainerRank:
@@ -61,8 +70,8 @@ class TrainerRank:
         from ctu.train.policy import build_policy
 
         cuda = torch.cuda.is_available()
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=self.rank,
-                                world_size=self.world)
+        dist.init_process_group(backend=process_group_backend(cuda, self.config.distributed.cpu_offload),
+                                init_method=init_method, rank=self.rank, world_size=self.world)
         device = "cuda" if cuda else "cpu"
         torch.manual_seed(self.config.run.seed)  # every rank builds the same initial weights as the driver would
         random.seed(self.config.run.seed)
@@ -144,6 +153,7 @@ class TrainerRank:
     @torch.no_grad()
     def score(self, ids, attn, temperature: float):
         from ctu.train.logprobs import token_logprobs
+        from ctu.train.update import release_gathered
 
         model = self.policy.model
         model.eval()
@@ -152,6 +162,7 @@ class TrainerRank:
             return token_logprobs(model, ids.to(device), attn.to(device), temperature)[0].cpu()
         finally:
             model.train()
+            release_gathered(self.policy)  # the root stayed gathered from the parity probe through the rollouts
 
     def save(self, root: str, step: int, extra: dict, keep: int, with_reference: bool) -> str:
         from ctu.distributed.dcp import save_sharded
@@ -182,12 +193,20 @@ class TrainerRank:
         from ctu.distributed.fsdp import gathered_lora_tensors, gathered_named_tensors
         from ctu.train.weights import export_tensors
 
-        merged = {n: t.cpu() for n, t in gathered_named_tensors(self.policy, dtype=torch.float32)}
-        adapter = gathered_lora_tensors(self.policy) if self.policy.lora else None
-        if self.rank != 0:
-            return None
-        config = self.policy.model.peft_config["default"] if self.policy.lora else None
-        return export_tensors(merged, Path(out_dir), base_path, self.tokenizer, adapter=adapter, peft_config=config)
+        adapter = gathered_lora_tensors(self.policy) if self.policy.lora else None  # small; {} off rank 0
+        # a collective every rank runs to the end; rank 0 streams it into the model it writes, one tensor at a
+        # time (as the in-process export), instead of a dict of every merged fp32 tensor beside that model
+        stream = gathered_named_tensors(self.policy, dtype=torch.float32)
+        try:
+            if self.rank != 0:
+                return None
+            config = self.policy.model.peft_config["default"] if self.policy.lora else None
+            merged = ((name, tensor.cpu()) for name, tensor in stream)
+            return export_tensors(merged, Path(out_dir), base_path, self.tokenizer, adapter=adapter,
+                                  peft_config=config)
+        finally:
+            for _ in stream:  # the gathers rank 0 has not made (other ranks; a failed write) are still made
+                pass
 
     def _maybe_die(self) -> None:
         if not self.fault_file:

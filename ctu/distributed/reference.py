@@ -3,7 +3,9 @@
 What :meth:`ctu.train.policy.Policy.rebase_reference` / ``reference_state`` / ``load_reference_state`` do for a
 policy in one process, done shard by shard: each rank computes on gathered full tensors (``full_tensor()``, a
 collective every rank makes in the same order) and writes back only its own shard (``distribute_tensor`` with
-``src_data_rank=None``: every rank cuts its chunk locally, as FSDP2 cut it). Full tensors stay on rank 0 only.
+``src_data_rank=None``: every rank cuts its chunk locally, as FSDP2 cut it). Full tensors stay on rank 0 only: the
+other ranks take part in each gather and drop its result at once (no host copies). Offloaded (CPU) shards of a
+CUDA mesh are gathered on the mesh's device (:func:`ctu.distributed.fsdp._full`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def _resharded(policy) -> None:
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    from ctu.distributed.fsdp import _full as gather
+
+    return gather(t)
 
 
 def _rank0() -> bool:
@@ -85,8 +89,7 @@ def gathered_reference_state(policy, rebased: dict[str, torch.Tensor]) -> dict[s
     _resharded(policy)
     if policy.lora:
         return dict(rebased) if _rank0() else None
-    out = {n: _full(p.detach()).cpu() for n, p in policy.reference.named_parameters()}
-    return out if _rank0() else None
+    return _host_copies((n, p) for n, p in policy.reference.named_parameters())
 
 
 @torch.no_grad()
@@ -108,9 +111,18 @@ def load_sharded_reference(policy, state: dict[str, torch.Tensor]) -> dict[str, 
 def gathered_base_tensors(policy) -> dict[str, torch.Tensor] | None:
     """The frozen base weights with Hugging Face names, full (a collective), on rank 0 (None elsewhere)."""
     _resharded(policy)
-    out = {}
-    for name, p in policy.model.named_parameters():
-        target = hf_name(name)
-        if target is not None and not p.requires_grad:
-            out[target] = _full(p.detach()).cpu()
-    return out if _rank0() else None
+    return _host_copies((hf_name(n), p) for n, p in policy.model.named_parameters()
+                        if hf_name(n) is not None and not p.requires_grad)
+
+
+def _host_copies(named) -> dict[str, torch.Tensor] | None:
+    """Every ``(name, parameter)`` gathered (a collective, one at a time), kept as a host copy on rank 0 only (None
+    elsewhere: the other ranks drop each full tensor as soon as the gather returns)."""
+    keep = _rank0()
+    out: dict[str, torch.Tensor] = {}
+    for name, p in named:
+        full = _full(p.detach())
+        if keep:
+            out[name] = full.cpu()
+        del full
+    return out if keep else None

@@ -17,6 +17,8 @@ COMPUTE_DTYPE_ATTR = "ctu_compute_dtype"
 # ``trainer.autocast``: the dtype the trainer's own passes (gradient passes and the update's scoring) autocast to
 # over fp32 weights, while the engine sharing the model keeps decoding in the compute dtype
 TRAIN_DTYPE_ATTR = "ctu_train_dtype"
+# where forwards run when it is not where the parameters are stored (FSDP2 CPU offload computes on the mesh's device)
+COMPUTE_DEVICE_ATTR = "ctu_compute_device"
 
 
 def compute_context(model: torch.nn.Module, train: bool = False):
@@ -27,7 +29,7 @@ def compute_context(model: torch.nn.Module, train: bool = False):
         dtype = getattr(model, TRAIN_DTYPE_ATTR)
     if dtype is None or dtype == torch.float32:
         return contextlib.nullcontext()
-    device = next(model.parameters()).device.type
+    device = getattr(model, COMPUTE_DEVICE_ATTR, None) or next(model.parameters()).device.type
     return torch.autocast(device_type=device, dtype=dtype, cache_enabled=False)
 
 

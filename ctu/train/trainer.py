@@ -244,6 +244,8 @@ class Trainer:
         release_memory()
         rollout_s = time.perf_counter() - started
         excluded = [tr.stop_reason == "error" or g not in chosen for tr, g in zip(trajectories, groups, strict=True)]
+        update_started = time.perf_counter()
+        self.sync.before_update()  # a colocated engine sleeps from here: the KL scoring below is trainer work too
         kl_penalties = [0.0] * len(trajectories)
         if t.kl_coef > 0 and t.kl_in_reward:  # KL in the reward: r - kl_coef * KL(episode)
             every = [to_sample(tr.prompt_ids, tr.response_ids, tr.loss_mask, tr.logprobs, 0.0) for tr in trajectories]
@@ -256,8 +258,6 @@ class Trainer:
                                               mask_length_stop=mask_length),
                              trajectories[i].logprobs, advantage) for i, advantage in sorted(advantages.items())]
         samples = [s for s in samples if any(s.mask)]
-        update_started = time.perf_counter()
-        self.sync.before_update()
         stats = self.group.update(samples, self.config.sampling.temperature,
                                   seed=self.config.run.seed * 1_000_003 + self.step)
         release_memory()

@@ -156,7 +156,16 @@ def sequence_kl(policy: Policy, samples: Sequence[Sample], cfg: TrainerConfig, t
             continue
         for i, value in zip(idx, per_seq.tolist(), strict=True):
             out[i] = value
+    release_gathered(policy)
     return out
+
+
+def release_gathered(policy: Policy) -> None:
+    """After passes without backward: an FSDP2-sharded policy's units (the root's, the frozen reference's) are
+    freed, as only a backward would free them (:func:`ctu.distributed.fsdp.reshard`; unsharded: nothing)."""
+    from ctu.distributed.fsdp import reshard
+
+    reshard(policy.model, policy.reference)
 
 
 def empty_stats() -> dict[str, float]:
@@ -219,6 +228,8 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
                 ref[i] = torch.zeros(n) if filler else rlp[row, :n].cpu()
         if lp is not None and not (dummy or filler):
             mismatch_sum += float(((lp - b["sampler"]).abs() * b["mask"]).sum())
+    if scores:
+        release_gathered(policy)
     steps = 0
     sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "mismatch"), 0.0)
     was_training = model.training
@@ -306,6 +317,7 @@ def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[
     if hasattr(norm, "full_tensor"):  # sharded (DTensor) gradients: the global norm
         norm = norm.full_tensor()
     optimizer.step()
+    optimizer.zero_grad(set_to_none=True)  # freed now, not at the next step: rollouts come in between
     if reduce is not None:
         step = dict(zip(step, reduce(list(step.values()), "sum"), strict=True))
     for key, value in step.items():
@@ -359,6 +371,7 @@ def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], token_budge
         model.train(was_training)
     torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)
     optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
     return reduce([loss_sum], "sum")[0] if reduce is not None else loss_sum
 
 

@@ -95,3 +95,29 @@ def test_the_warm_start_runs_with_a_colocated_engine_asleep(tmp_path, monkeypatc
     trainer.warm_start()
     sft = events.index("sft")
     assert "sleep" in events[:sft] and events.index("wake") > events.index("sft_done"), events
+
+
+def test_kl_in_the_reward_is_scored_with_a_colocated_engine_asleep(tmp_path, monkeypatch):
+    """KL-in-reward scoring is trainer work: it runs inside the update's sleep (before_update), not beside an awake
+    engine's KV cache and weights; the penalty it gives is the one the step records."""
+    from ctu.train.trainer import Trainer
+
+    fake_vllm.install(monkeypatch)
+    trainer = Trainer(vllm_config(tmp_path / "run", "trainer.sft_steps=0", "trainer.kl_coef=0.5",
+                                  "trainer.kl_in_reward=true"))
+    llm = trainer.engine.llm
+    seen, scored = [], []
+    kl = trainer.group.kl
+
+    def recorded(samples, temperature):
+        seen.append(llm.sleep_level)
+        out = kl(samples, temperature)
+        scored.extend(out)
+        return out
+
+    trainer.group.kl = recorded
+    trainer.step = 1
+    metrics = trainer.train_step()["metrics"]
+    assert seen and all(level is not None for level in seen), seen  # asleep while scoring
+    assert llm.sleep_level is None  # awake again for the next rollouts
+    assert abs(metrics["rollout"]["kl_penalty"] - 0.5 * sum(scored) / len(scored)) < 1e-12
