@@ -28,16 +28,22 @@ micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
 - FSDP2 (N > 1): the root's unsharded embedding/lm_head (kept for the whole forward) and two gathered layers
   (one prefetched), in the compute dtype.
 - vLLM (engine.kind=vllm, one engine per GPU, no tensor parallelism): gpu_memory_utilization x GPU memory,
-  holding its bf16 weights (2P), its profiling peak (~1 GiB + 8192 batched tokens of MLP activations) and the
-  KV cache (the rest, which must hold one env.max_context_tokens sequence). Colocated engines sleep (level 1:
-  weights to CPU, KV cache freed) during updates, so their fraction counts during rollouts only and a residue
-  of VLLM_ASLEEP (CUDA context and graphs) during training; a non-colocated engine stays awake on the same GPU
-  (that is what ``engine.colocated=false`` does in one process), so its fraction counts in both phases.
+  holding its bf16 weights (2P), its profiling peak (~1 GiB + vLLM's default batched tokens of MLP activations:
+  16384 on a GPU of >= 70 GiB, 8192 below) and the KV cache (the rest, which must hold one
+  env.max_context_tokens sequence); outside the fraction its CUDA graphs (VLLM_CUDA_GRAPHS, kept while asleep)
+  and, for a Ray rollout worker, its process's CUDA context (CUDA_CONTEXT, every phase). Colocated engines sleep
+  during updates (:func:`ctu.plan_terms.sleep_level`: level 1 for adapter syncs, pinning their bf16 weights in
+  host RAM, shown as ``host_pinned``; level 2 for merged syncs, nothing pinned), so their fraction counts during
+  rollouts only; a non-colocated engine stays awake on the same GPU (``engine.colocated=false`` in one process),
+  so its fraction counts in both phases. Split placement: engines on GPUs of their own, awake, no sleep or wake
+  costs; each such GPU must hold fraction + graphs + context.
 - hf engine: rollouts run on the policy itself; its KV cache is bounded by max_batch_size x max_context_tokens.
 - overhead: the trainer's CUDA context (CUDA_CONTEXT) + 5% of the trainer's allocations for fragmentation.
 
 - weight sync (:func:`sync_transient`), with the engine awake: the merged stream's one LoRA module merge (fp32
-  base copy + fp32 delta + compute-dtype result) or one weight's cast, a sharded policy's one gathered unit, or
+  base copy + fp32 delta + compute-dtype result) or one weight's cast; a sharded policy's gathered stream on every
+  rank (:func:`ctu.plan_terms.stream_peak`: one unit gathered while the previous unit's gathered weights, fp32
+  deltas and handed-out clones are still referenced; at 8B LoRA the root unit and its bf16 clone), or
   the fp32 adapter (engine.weight_sync=adapter, whose vLLM also keeps one adapter's bf16 LoRA slots out of
   its fraction). The trainer empties its CUDA cache before vLLM starts or wakes, so nothing it freed counts.
 - autocast (one process, compute dtype below fp32, no cast cache: :mod:`ctu.engines.precision`): casts of the
@@ -50,138 +56,38 @@ micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
 
 Peak = max(training, rollout, weight sync phase); weight sync = rollout + its transient; training = persistent (weights, reference, optimizer state) +
 gradients + max(activations + logit chunk + FSDP buffers, optimizer-step temporary) + vLLM (asleep or awake);
-rollout = persistent + gradients (they stay allocated until the next ``zero_grad``) + engine.
+rollout = persistent + engine (gradients are set to None right after the optimizer step).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ctu.config import weight_sync_mode
+from ctu.plan_terms import (  # noqa: F401 - re-exported: the shapes and terms live in ctu.plan_terms
+    ARCHITECTURES,
+    CUDA_CONTEXT,
+    VLLM_CUDA_GRAPHS,
+    Arch,
+    GiB,
+    _module_shapes,
+    activation_bytes_per_token_layer,
+    arch_from_config,
+    host_pinned,
+    kv_bytes_per_token,
+    lora_parameter_count,
+    parameter_count,
+    resolve_arch,
+    sleep_level,
+    sync_transient,
+    vllm_batched_tokens,
+    vllm_profiling_peak,
+)
 
-GiB = 1 << 30
 LOGIT_BUDGET = 1 << 25  # = ctu.train.logprobs.LOGIT_BUDGET (checked by a unit test; not imported: no torch here)
-CUDA_CONTEXT = int(0.75 * GiB)
-VLLM_ASLEEP = 1 * GiB
-VLLM_BATCHED_TOKENS = 8192
 FRAGMENTATION = 0.05
-
-
-@dataclass(frozen=True)
-class Arch:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    tied: bool
-    head_dim: int | None = None
-    qkv_bias: bool = False  # Qwen2/2.5
-    qk_norm: bool = False  # Qwen3
-
-    @property
-    def hd(self) -> int:
-        return self.head_dim or self.hidden // self.heads
-
-
-ARCHITECTURES = {  # from each model's config.json on the Hugging Face hub
-    "qwen2.5-0.5b": Arch(896, 24, 14, 2, 4864, 151936, True, qkv_bias=True),
-    "qwen2.5-1.5b": Arch(1536, 28, 12, 2, 8960, 151936, True, qkv_bias=True),
-    "qwen2.5-3b": Arch(2048, 36, 16, 2, 11008, 151936, True, qkv_bias=True),
-    "qwen2.5-7b": Arch(3584, 28, 28, 4, 18944, 152064, False, qkv_bias=True),
-    "qwen3-4b": Arch(2560, 36, 32, 8, 9728, 151936, True, head_dim=128, qk_norm=True),
-    "qwen3-8b": Arch(4096, 36, 32, 8, 12288, 151936, False, head_dim=128, qk_norm=True),
-    "smollm2-135m": Arch(576, 30, 9, 3, 1536, 49152, True),
-    "tiny-random": Arch(64, 2, 4, 2, 128, 49152, True, head_dim=16),  # ctu.models._build_tiny_random
-}
-
-
-def arch_from_config(cfg: dict) -> Arch:
-    """An :class:`Arch` from a Hugging Face ``config.json`` dict (Llama, Mistral, Qwen2, Qwen3 shapes)."""
-    model_type = cfg.get("model_type", "")
-    return Arch(hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=cfg["num_attention_heads"],
-                kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-                intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
-                tied=bool(cfg.get("tie_word_embeddings", False)), head_dim=cfg.get("head_dim"),
-                qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias")), qk_norm=model_type == "qwen3")
-
-
-def resolve_arch(path: str) -> Arch:
-    """Shapes for ``model.path`` without loading weights: local config.json, the table, or the local HF cache."""
-    local = Path(path).expanduser()
-    if (local / "config.json").is_file():
-        return arch_from_config(json.loads((local / "config.json").read_text()))
-    key = path.rstrip("/").rsplit("/", 1)[-1].lower().removesuffix("-instruct")
-    if key in ARCHITECTURES:
-        return ARCHITECTURES[key]
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(path, "config.json")
-        if isinstance(cached, str):
-            return arch_from_config(json.loads(Path(cached).read_text()))
-    except Exception:  # noqa: BLE001 - not a hub name, no cache: fall through to the one-line error
-        pass
-    raise ValueError(f"model.path '{path}': unknown architecture (known: {', '.join(ARCHITECTURES)}); "
-                     "give a local directory with a config.json")
-
-
-def parameter_count(a: Arch) -> int:
-    q, kv = a.heads * a.hd, a.kv_heads * a.hd
-    attn = a.hidden * q + 2 * a.hidden * kv + q * a.hidden
-    attn += (q + 2 * kv) if a.qkv_bias else 0
-    attn += 2 * a.hd if a.qk_norm else 0
-    layer = attn + 3 * a.hidden * a.intermediate + 2 * a.hidden
-    return a.vocab * a.hidden * (1 if a.tied else 2) + a.layers * layer + a.hidden
-
-
-def _module_shapes(a: Arch) -> dict[str, tuple[int, int]]:
-    q, kv = a.heads * a.hd, a.kv_heads * a.hd
-    return {"q_proj": (a.hidden, q), "k_proj": (a.hidden, kv), "v_proj": (a.hidden, kv), "o_proj": (q, a.hidden),
-            "gate_proj": (a.hidden, a.intermediate), "up_proj": (a.hidden, a.intermediate),
-            "down_proj": (a.intermediate, a.hidden)}
-
-
-def lora_parameter_count(a: Arch, rank: int, targets: list[str]) -> int:
-    shapes = _module_shapes(a)
-    return a.layers * sum(rank * (i + o) for t, (i, o) in shapes.items() if t in targets)
-
-
-def activation_bytes_per_token_layer(a: Arch, b: int, lora_rank: int = 0, targets: tuple[str, ...] = ()) -> int:
-    q, kv = a.heads * a.hd, a.kv_heads * a.hd
-    out = b * (2 * q + 2 * kv + 4 * a.intermediate) + 2 * (8 + b) * a.hidden
-    if lora_rank:
-        out += b * sum(lora_rank + (i if b < 4 else 0) for t, (i, _) in _module_shapes(a).items() if t in targets)
-    return out
-
-
-def kv_bytes_per_token(a: Arch, b: int = 2) -> int:
-    return 2 * a.layers * a.kv_heads * a.hd * b
-
-
-def sync_transient(a: Arch, config, b: int, n: int, trainable: int) -> tuple[str, int]:
-    """(label, bytes) a weight sync allocates on the trainer's GPU while the engine is awake (0: the in-process hf
-    engine shares the policy's weights). The merged stream (:func:`ctu.train.weights.merged_named_tensors`) holds
-    one LoRA module's merge (fp32 base copy + fp32 delta + the result in the compute dtype) or one fp32 weight's
-    cast; a sharded policy gathers one unit (decoder layer or root) at a time; the adapter goes out whole, fp32."""
-    if config.engine.kind != "vllm" and not config.distributed.rollout_workers:
-        return "", 0
-    if weight_sync_mode(config) == "adapter":
-        return "weight sync (LoRA adapter, fp32)", 4 * trainable
-    root = a.vocab * a.hidden * (1 if a.tied else 2)
-    unit = max(root, (parameter_count(a) - root) // a.layers)
-    if config.lora.enabled:
-        largest = max(i * o for t, (i, o) in _module_shapes(a).items() if t in config.lora.target_modules)
-        gathered = b * unit if n > 1 else 0
-        return "weight sync (one LoRA module's merge)", (8 + b) * largest + gathered
-    if n > 1:
-        return "weight sync (one gathered unit, fp32 + cast)", (4 + b) * unit
-    return "weight sync (one weight's cast)", b * a.vocab * a.hidden
 
 
 @dataclass
@@ -200,6 +106,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # what does not fit, and by how much
     sync_total: int = 0  # the weight sync: rollout-phase memory (engine awake) + the sync's transient
+    host_pinned: int = 0  # host (CPU) RAM pinned per GPU while its vLLM engines sleep at level 1
 
     @property
     def total(self) -> int:
@@ -220,7 +127,8 @@ class Plan:
         lines += [f"{'training phase (peak)':<46}{gib(self.train_total)}",
                   f"{'rollout phase (peak)':<46}{gib(self.rollout_total)}",
                   f"{'weight sync phase (peak)':<46}{gib(self.sync_total)}",
-                  f"{'GPU memory':<46}{gib(self.gpu_memory)}"]
+                  f"{'GPU memory':<46}{gib(self.gpu_memory)}",
+                  f"{'host (CPU) pinned RAM per GPU (vLLM asleep)':<46}{gib(self.host_pinned)}"]
         lines += [f"note: {n}" for n in self.notes]
         lines.append("fits" if self.fits else "DOES NOT FIT: " + "; ".join(self.problems))
         return "\n".join(lines)
@@ -315,14 +223,14 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
         problems.append(f"distributed: {where.ranks} trainer ranks + {where.engine_gpus} split rollout workers need "
                         f"{where.needed} GPUs, {gpus} given")
     train = persistent + parts["gradients (fp32)"] + max(forward, step_temp)
-    rollout = persistent + parts["gradients (fp32)"]
+    rollout = persistent  # gradients are freed (set to None) right after the optimizer step
     kind, k = config.engine.kind, where.engines
     if where.engines > 1:
         notes.append(f"{k} rollout workers share each trainer GPU: their engines count {k} times")
     if kind == "vllm" and cuda:
         fraction = int(config.engine.gpu_memory_utilization * memory)
         parts["vLLM weights (bf16)"] = 2 * p
-        parts["vLLM profiling peak"] = GiB + VLLM_BATCHED_TOKENS * (4 * a.intermediate + 4 * a.hidden) * 2
+        parts["vLLM profiling peak"] = vllm_profiling_peak(a, gpu_memory_gb)
         if lora and weight_sync_mode(config) == "adapter":  # enable_lora: one adapter's slots (max_loras=1)
             parts["vLLM LoRA slots (bf16)"] = 2 * trainable
         kv = fraction - parts["vLLM weights (bf16)"] - parts["vLLM profiling peak"]
@@ -337,15 +245,28 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
         else:
             notes.append(f"vLLM KV cache holds {kv // kv_bytes_per_token(a)} tokens "
                          f"({kv // need_kv} sequences of {config.env.max_context_tokens})")
+        notes.append(f"vLLM batches {vllm_batched_tokens(gpu_memory_gb)} tokens (its default for a "
+                     f"{gpu_memory_gb:g} GiB GPU) in the profiling run that sizes its KV cache")
         if where.engine_gpus:
-            notes.append(f"split placement: vLLM uses {fraction / GiB:.1f} GiB of each of {where.engine_gpus} rollout "
-                         "GPUs; the trainer GPUs hold no engine")
-        rollout += k * fraction
-        if config.engine.colocated:
-            parts["vLLM asleep (during updates)"] = k * VLLM_ASLEEP
-            train += k * VLLM_ASLEEP
-        else:
-            train += k * fraction
+            engine_gpu = fraction + VLLM_CUDA_GRAPHS + CUDA_CONTEXT
+            notes.append(f"split placement: vLLM stays awake on each of {where.engine_gpus} rollout GPUs (no sleep or "
+                         f"wake, nothing pinned on the host): {engine_gpu / GiB:.1f} GiB of {gpu_memory_gb:g} (its "
+                         "fraction, CUDA graphs, its process's CUDA context); the trainer GPUs hold no engine")
+            if engine_gpu > memory:
+                problems.append(f"split rollout GPU needs {engine_gpu / GiB:.1f} GiB (gpu_memory_utilization="
+                                f"{config.engine.gpu_memory_utilization} + CUDA graphs + context), "
+                                f"{gpu_memory_gb:g} GiB given")
+        if k:
+            parts["vLLM CUDA graphs (outside fraction, asleep)"] = k * VLLM_CUDA_GRAPHS
+        rollout += k * (fraction + VLLM_CUDA_GRAPHS)
+        if config.engine.colocated and k:
+            train += k * VLLM_CUDA_GRAPHS
+            level = sleep_level(config)
+            notes.append(f"vLLM sleep level {level} during updates: " + (
+                "its bf16 weights go to pinned host RAM and back (an adapter sync keeps the base)" if level == 1 else
+                "weights discarded (the merged sync rewrites them all), nothing pinned on the host"))
+        elif k:
+            train += k * fraction + k * VLLM_CUDA_GRAPHS
             notes.append("engine.colocated=false: vLLM stays awake on this GPU during updates")
     elif kind == "hf":
         parts["hf engine KV cache (bound)"] = (kv_bytes_per_token(a, b) * config.engine.max_batch_size
@@ -368,7 +289,9 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
     if kind == "vllm" and cuda:
         notes.append("the trainer empties its CUDA cache (torch.cuda.empty_cache) before vLLM starts or wakes: "
                      "what the trainer freed is not counted beside vLLM's fraction")
-    context = CUDA_CONTEXT if cuda else 0
+    if cuda and k and where.own_copy:  # Ray rollout workers: processes of their own beside the trainer rank
+        parts["rollout workers' CUDA context"] = k * CUDA_CONTEXT
+    context = (CUDA_CONTEXT if cuda else 0) + parts.get("rollout workers' CUDA context", 0)
     train, rollout, sync = (int(x * (1 + FRAGMENTATION)) + context for x in (train, rollout, sync))
     parts["overhead (context, fragmentation)"] = context + int(FRAGMENTATION * max(train, rollout, sync)
                                                                / (1 + FRAGMENTATION))
@@ -379,7 +302,9 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
     if n > 1 and not getattr(getattr(config, "distributed", None), "trainer_workers", 0):
         notes.append(f"{n} GPUs assume FSDP2 FULL_SHARD over {n} trainer ranks: `ctu train` needs "
                      f"distributed.trainer_workers={n} for that (without it, it trains on one GPU)")
-    return Plan(config.model.path, gpus, memory, p, trainable, parts, other, train, rollout, notes, problems, sync)
+    pinned = host_pinned(config, k, p) if kind == "vllm" and cuda else 0
+    return Plan(config.model.path, gpus, memory, p, trainable, parts, other, train, rollout, notes, problems, sync,
+                pinned)
 
 
 def check_fits(config, gpus: int | None = None, gpu_memory_gb: float = 80.0) -> Plan:
