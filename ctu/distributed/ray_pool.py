@@ -85,9 +85,13 @@ class RolloutWorker:
         into the engine's parameters) or a mapping of tensors."""
         from ctu.distributed.transfer import Packed, unpack
 
-        self.engine.update_weights(unpack(weights) if isinstance(weights, Packed) else weights.items())
+        self.engine.update_weights(unpack(weights) if isinstance(weights, Packed) else weights.items(), version=version)
         self.version = version
         return version
+
+    def weights_version(self) -> int | None:
+        """The engine's stamped weight version (what the last completed load was)."""
+        return self.engine.weights_version
 
     def catch_up(self, weights_box: list | None, version: int) -> None:
         """Load the pool's latest weights if this worker has not (a restarted worker starts from the base model)."""
@@ -296,6 +300,9 @@ class RayPool(RolloutPool):
             engine = ResultsEngine(lambda _prompts, _params, got=samples[k]: got)
             out.append(probe_parity(engine, score_fn, prompt_ids, temperature=temperature, tokens=tokens, seed=seed))
         return out
+
+    def versions(self) -> list[int | None]:
+        return self._broadcast("weights_version")
 
     def sleep(self) -> None:
         self._broadcast("sleep")

@@ -65,6 +65,7 @@ class Engine(ABC):
     """
 
     accepts_weights: bool = True
+    weights_version: int | None = None  # the policy version of the weights served (stamped by a completed sync)
 
     @abstractmethod
     async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
@@ -77,8 +78,9 @@ class Engine(ABC):
         """
 
     @abstractmethod
-    def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:
-        """Load new weights (Hugging Face parameter names, merged — no LoRA/PEFT prefixes)."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, object]], version: int | None = None) -> None:
+        """Load new weights (Hugging Face parameter names, merged — no LoRA/PEFT prefixes); once loaded,
+        ``version`` (the policy version: the trainer's step) is :attr:`weights_version`."""
 
     def release(self, token_ids: Sequence[int]) -> None:  # noqa: B027 - optional hook
         """The conversation that ended with ``token_ids`` will not continue: an engine that keeps its KV cache

@@ -283,8 +283,9 @@ class HFEngine(Engine):
                 return True
         return True
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:
-        """Copy HF-named tensors into the model; unknown (e.g. PEFT) names are refused, listed."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, object]], version: int | None = None) -> None:
+        """Copy HF-named tensors into the model; unknown (e.g. PEFT) names are refused, listed. Then ``version``
+        is :attr:`weights_version`."""
         params = dict(self.model.named_parameters())
         buffers = dict(self.model.named_buffers())
         incoming = list(named_tensors)
@@ -299,3 +300,4 @@ class HFEngine(Engine):
                 target.copy_(torch.as_tensor(tensor).to(device=target.device, dtype=target.dtype))
             if self.kv_store is not None:
                 self.kv_store.clear()
+            self.weights_version = version

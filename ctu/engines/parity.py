@@ -13,7 +13,7 @@ KV computed with the old weights (a missed ``reset_prefix_cache``) shows up here
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -79,3 +79,13 @@ def check_parity(diff: float, tolerance: float) -> None:
     if not diff <= tolerance:  # NaN fails too
         raise ParityError(f"engine logprobs differ from the trainer's by {diff:.4g} > engine.parity_tolerance="
                           f"{tolerance:g} after sync: the engine is not using the new weights")
+
+
+def check_versions(engine_versions: Iterable[int | None], trainer_version: int) -> None:
+    """Raise :class:`ParityError` (one line, both versions) unless every engine's stamped weight version
+    (:attr:`ctu.engines.base.Engine.weights_version`) is the trainer's. A bf16 probe cannot see a stale sync at
+    small learning rates (a step moves logits far less than the tolerance); the stamp can."""
+    stale = [v for v in engine_versions if v != trainer_version]
+    if stale:
+        raise ParityError(f"engine weights are version {stale[0]}, the trainer's are version {trainer_version}: "
+                          "a weight sync was skipped, dropped or did not finish")

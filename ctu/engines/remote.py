@@ -135,7 +135,7 @@ class RemoteEngine(Engine):
 
             return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, object]], version: int | None = None) -> None:
         raise NotImplementedError(
             "a remote server cannot take tensors from this process: save a checkpoint and restart or reload the "
             "server on it (vLLM: serve the exported merged model directory)")

@@ -23,13 +23,23 @@ What ctu relies on, and where in vLLM's source (github vllm-project/vllm) it was
   chained on the parent block's hash (plus the LoRA name); the KV of a hit is reused as it was computed.
   Reloading weights does not invalidate it, so every update (weights or adapter) ends with
   ``LLM.reset_prefix_cache()`` (the shared system prompt would otherwise keep the old KV).
-- **Sleep** (``LLM.sleep(level=1)`` resets the prefix cache, offloads weights to CPU and discards the KV
-  cache; ``LLM.wake_up(tags=None)`` restores): when colocated, call :meth:`sleep` before the trainer's
-  update and :meth:`wake_up` before loading weights — weights cannot be written while offloaded —
-  then sync, then roll out. ``update_weights``/``update_adapter`` wake the engine if it sleeps. Where the
-  platform has no sleep mode (``current_platform.is_sleep_mode_available()`` is False: vLLM's CPU backend,
-  whose worker logs sleep/wake as no-ops and whose ``LLM(enable_sleep_mode=True)`` raises), the engine does
-  not ask for it and :meth:`sleep`/:meth:`wake_up` do nothing.
+- **Sleep** (vllm/entrypoints/llm.py, vllm/v1/engine/core.py, vllm/v1/executor/abstract.py,
+  vllm/v1/worker/gpu_worker.py, vllm/device_allocator/sleep_mode_backend.py): ``LLM.sleep(level)`` pauses the
+  scheduler, clears the prefix cache and puts the tags ``weights`` and ``kv_cache`` to sleep. Level 1 copies the
+  weights to pinned host RAM and back on wake; level 2 keeps nothing ("good for ... update the model"): what
+  wakes is not the model until weights are reloaded. ``LLM.wake_up(tags)`` wakes ``["weights"]`` and
+  ``["kv_cache"]`` separately; the scheduler runs again once both are awake. So ``sleep_level`` is 2 where every
+  sync overwrites every weight (merged sync: :func:`sleep_level_for`) and 1 where the base is kept (adapter
+  sync), and a sync wakes the weights, loads, and only then wakes the KV cache (its memory is not needed to
+  load, and may be what the load needs). After a level-2 sleep the engine refuses to generate until weights
+  are loaded, and has no weight version (:attr:`weights_version`). Where the platform has no sleep mode
+  (``current_platform.is_sleep_mode_available()`` is False: vLLM's CPU backend, whose worker logs sleep/wake
+  as no-ops and whose ``LLM(enable_sleep_mode=True)`` raises), the engine does not ask for it and
+  :meth:`sleep`/:meth:`wake_up` do nothing.
+- **Weight version**: every sync stamps the policy version it loaded, once the load returned
+  (:attr:`weights_version`): an adapter sync's version is its ``LoRARequest`` (name ``ctu-v<version>``, id
+  version + 1); a merged sync's is stored on the engine after ``reload_weights`` completed. The trainer checks
+  it after every sync (:func:`ctu.engines.parity.check_versions`).
 - **Weights** (vllm/model_executor/model_loader/reload/inplace.py): ``collective_rpc("reload_weights",
   kwargs={"weights_iterator": it})`` runs the model's own ``load_weights`` on Hugging Face-named
   ``(name, tensor)`` pairs, layer by layer (a layer is processed into kernel format once all its tensors
@@ -103,6 +113,12 @@ def vllm_dtype(model_dtype: str, cuda: bool) -> str:
     return "bfloat16" if cuda else "float32"
 
 
+def sleep_level_for(weight_sync: str) -> int:
+    """vLLM's sleep level for an engine synced by ``weight_sync`` (``ctu.config.weight_sync_mode``): 2 (discard
+    the weights) when every sync overwrites them all (merged), 1 (keep them on the host) when the base stays."""
+    return 2 if weight_sync == "merged" else 1
+
+
 def hf_named_stream(named_tensors: Iterable[tuple[str, object]], bad: list[str]) -> Iterator[tuple[str, object]]:
     """``named_tensors`` passed through one at a time; at the first PEFT/LoRA name it is put in ``bad`` and the
     stream ends (the caller raises once the receiver has finished with what came before)."""
@@ -144,6 +160,7 @@ def write_safetensors_shards(named_tensors: Iterable[tuple[str, object]], direct
 
 class VLLMEngine(Engine):
     """``enable_sleep_mode``: None asks for it where vLLM's platform supports it (CUDA), not on CPU.
+    ``sleep_level``: what :meth:`sleep` asks for; 2 only where every sync sends every weight (:func:`sleep_level_for`).
     ``weights_via``: ``"iterator"`` (in-process engine core) or ``"path"`` (a safetensors directory); None picks
     the iterator when ``VLLM_ENABLE_V1_MULTIPROCESSING=0``."""
 
@@ -151,8 +168,10 @@ class VLLMEngine(Engine):
                  dtype: str = "bfloat16", seed: int = 0, max_model_len: int | None = None, enable_lora: bool = False,
                  max_lora_rank: int = 16, lora_alpha: float | None = None, sampling_temperature: float | None = None,
                  sampling_top_p: float | None = None, weights_via: str | None = None,
-                 shard_bytes: int = SHARD_BYTES, **llm_kwargs):
+                 shard_bytes: int = SHARD_BYTES, sleep_level: int = 1, **llm_kwargs):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 (keep the weights) or 2 (discard them), got {sleep_level}")
         if enable_lora and int(max_lora_rank) not in VLLM_LORA_RANKS:
             raise ValueError(f"max_lora_rank must be one of vLLM's {VLLM_LORA_RANKS}, got {max_lora_rank}")
         if weights_via is None:
@@ -180,7 +199,10 @@ class VLLMEngine(Engine):
             llm_kwargs.update(enable_lora=True, max_lora_rank=int(max_lora_rank))
         self.llm = vllm.LLM(model=resolve_model(model_path), dtype=dtype, seed=seed,
                             gpu_memory_utilization=gpu_memory_utilization, logprobs_mode=self.logprobs_mode, **llm_kwargs)
-        self.sleeping = False
+        self.sleep_level = int(sleep_level)
+        self.asleep: set[str] = set()  # the vLLM tags this engine put to sleep and has not woken
+        self.weights_discarded = False  # a level-2 sleep dropped the weights; a load brings them back
+        self._merged_version: int | None = None  # the version the last completed update_weights loaded
         self.lora_request = None  # the adapter every generate uses after update_adapter
         self._lora_ids: set[int] = set()
         self._adapter_root: tempfile.TemporaryDirectory | None = None
@@ -213,6 +235,9 @@ class VLLMEngine(Engine):
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         if self.sleeping:
             raise RuntimeError("the vLLM engine is asleep: call wake_up() before generating")
+        if self.weights_discarded:
+            raise RuntimeError("the vLLM engine's weights were discarded (sleep level 2) and not reloaded: load "
+                               "weights (update_weights) before generating")
         if not self._warned_inexact and not logprobs_exact(self.logprobs_mode, params):
             self._warned_inexact = True
             log.warning("vLLM cannot return log_softmax(logits/T) before top-p for T=%s, top_p=%s (logprobs_mode=%s): "
@@ -236,11 +261,12 @@ class VLLMEngine(Engine):
             raise RuntimeError("vLLM refused to reset its prefix cache (requests still running): the engine would "
                                "reuse KV computed with the old weights")
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, object]]) -> None:
-        """Merged Hugging Face weights, streamed: wake (if asleep), ``reload_weights``, reset the prefix cache."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, object]], version: int | None = None) -> None:
+        """Merged Hugging Face weights, streamed: wake the weights (if asleep), ``reload_weights``, wake the KV
+        cache, reset the prefix cache; then ``version`` is the engine's :attr:`weights_version`."""
         bad: list[str] = []
         stream = hf_named_stream(named_tensors, bad)
-        self.wake_up()
+        self.wake_up(["weights"])
         with self._lock:
             if self.weights_via == "iterator":
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream})
@@ -249,10 +275,14 @@ class VLLMEngine(Engine):
                     write_safetensors_shards(stream, directory, self.shard_bytes)
                     if not bad:
                         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+        self.wake_up(["kv_cache"])
+        with self._lock:
             self._reset_prefix_cache()
         if bad:
             raise ValueError(f"vLLM needs merged Hugging Face names, not PEFT names such as {bad[0]} (merge the adapter "
                              "and strip base_model.model. / base_layer first); the tensors before it were loaded")
+        self.weights_discarded = False
+        self._merged_version = version
 
     def update_adapter(self, adapter: str | os.PathLike | Mapping[str, object] | Iterable[tuple[str, object]],
                        version: int, peft_config: Mapping[str, object] | None = None) -> None:
@@ -269,7 +299,8 @@ class VLLMEngine(Engine):
                              "serve the old one; give every update a new version")
         written = not isinstance(adapter, (str, os.PathLike))
         path = self._write_adapter(adapter, version, peft_config) if written else os.fspath(adapter)
-        self.wake_up()
+        self.wake_up(["weights"])
+        self.wake_up(["kv_cache"])
         with self._lock:
             from vllm.lora.request import LoRARequest
 
@@ -303,17 +334,36 @@ class VLLMEngine(Engine):
             json.dump({"peft_type": "LORA", **dict(peft_config)}, f)
         return path
 
-    def sleep(self) -> None:
-        """Offload weights and free the KV cache (level 1) while the trainer updates; a no-op without sleep mode."""
-        if self.sleep_mode and not self.sleeping:
-            self.llm.sleep(level=1)
-            self.sleeping = True
+    @property
+    def sleeping(self) -> bool:
+        return bool(self.asleep)
 
-    def wake_up(self) -> None:
-        """Bring weights and KV cache back; call before loading weights and before rollouts."""
-        if self.sleep_mode and self.sleeping:
-            self.llm.wake_up()
-            self.sleeping = False
+    @property
+    def weights_version(self) -> int | None:
+        """The policy version of the weights this engine serves: the adapter's (``LoRARequest`` id - 1) once an
+        adapter is served, else the last completed merged load's; None before any sync and while the weights
+        are discarded (level-2 sleep)."""
+        if self.weights_discarded:
+            return None
+        if self.lora_request is not None:
+            return self.lora_request.lora_int_id - 1
+        return self._merged_version
+
+    def sleep(self) -> None:
+        """Free the KV cache and the weights' GPU memory (level 1: weights kept on the host; level 2: discarded)
+        while the trainer updates; a no-op without sleep mode."""
+        if self.sleep_mode and not self.sleeping:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = {"weights", "kv_cache"}
+            self.weights_discarded = self.sleep_level == 2
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Wake ``tags`` (``"weights"``, ``"kv_cache"``; None: whatever sleeps). A sync wakes the weights, loads,
+        then wakes the KV cache; rollouts need both."""
+        wanted = self.asleep & set(tags if tags is not None else self.asleep)  # vLLM wakes nothing for a tag not asleep
+        if self.sleep_mode and wanted:
+            self.llm.wake_up(tags=sorted(wanted))
+            self.asleep -= wanted
 
     def close(self) -> None:
         if self._adapter_root is not None:

@@ -1,11 +1,13 @@
 """Trainer -> engine weight sync, and the parity probe that proves the engine uses the new weights.
 
 Order around an update (what vLLM needs when it shares the GPU with the trainer): ``before_update`` puts a
-colocated engine to sleep (frees its KV cache and weights); ``after_update`` empties the trainer's CUDA cache,
-wakes the engine, sends the new
-weights (merged Hugging Face tensors, or the LoRA adapter under a new id per version), and then scores a
-fixed probe with the engine and with the trainer. The largest per-token logprob difference is logged as
-``sync/logprob_max_abs_diff``; above ``engine.parity_tolerance`` the run stops with a clear error.
+colocated engine to sleep (frees its KV cache and weights: level 2, discarded, for merged syncs; level 1 for
+adapter syncs); ``after_update`` empties the trainer's CUDA cache, sends the new weights (merged Hugging Face
+tensors, or the LoRA adapter under a new id per version: the engine wakes its weights, loads, then wakes its KV
+cache), and then scores a fixed probe with the engine and with the trainer. The largest per-token logprob
+difference is logged as ``sync/logprob_max_abs_diff``; above ``engine.parity_tolerance`` the run stops with a
+clear error. Every sync also stamps the policy version on the engines; a stamp other than the trainer's stops
+the run too (a bf16 probe cannot see a stale sync at small learning rates).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 import torch
 
 from ctu.config import Config, weight_sync_mode
-from ctu.engines.parity import check_parity, default_parity_tolerance
+from ctu.engines.parity import check_parity, check_versions, default_parity_tolerance
 from ctu.train.weights import hf_name
 
 
@@ -67,23 +69,28 @@ class WeightSync:
             self.pool.sleep()
 
     def after_update(self, version: int) -> dict[str, float]:
-        """Wake, send the weights of policy ``version`` (the global step), probe parity; this sync's metrics
-        (``seconds`` belongs with the step's timings, the rest is deterministic)."""
+        """Send the weights of policy ``version`` (the global step), wake, probe parity and check the engines'
+        weight version; this sync's metrics (``seconds`` belongs with the step's timings, the rest is
+        deterministic). The engines wake their weights to load them and their KV cache after (vLLM:
+        ``wake_up(tags=["weights"])``, load, ``wake_up(tags=["kv_cache"])``); ``pool.wake_up()`` then wakes
+        whatever still sleeps (an engine that shares the trainer's model loads nothing)."""
         started = time.perf_counter()
         self.group.release_memory()  # the trainer's cached CUDA memory back before vLLM (outside torch's cache) wakes
-        self.pool.wake_up()
         self.version = version
-        if not self.shares_model:
-            if weight_sync_mode(self.config) == "adapter":
-                if self.base_changed:  # e.g. after the warm start was merged into the base (rebase_reference)
-                    self.pool.update_weights(self.group.base_weights(), version)
-                self.pool.update_adapter(self.group.adapter_weights(), version)
-            else:
-                self.pool.update_weights(self.group.merged_weights(), version)
+        if self.shares_model:  # the engine computes with the trainer's own tensors: its weights are this version
+            self.pool.engine.weights_version = version
+        elif weight_sync_mode(self.config) == "adapter":
+            if self.base_changed:  # e.g. after the warm start was merged into the base (rebase_reference)
+                self.pool.update_weights(self.group.base_weights(), version)
+            self.pool.update_adapter(self.group.adapter_weights(), version)
+        else:
+            self.pool.update_weights(self.group.merged_weights(), version)
+        self.pool.wake_up()
         self.base_changed = False
         diffs = self.pool.parity(self.group.score, temperature=self.config.sampling.temperature,
                                  tokens=self.config.engine.parity_probe_tokens, seed=self.config.run.seed)
         diff = max(diffs) if all(d == d for d in diffs) else float("nan")  # a dead worker reports NaN
+        check_versions(self.pool.versions(), version)
         check_parity(diff, parity_tolerance(self.config))
         return {"logprob_max_abs_diff": diff, "version": float(self.version),
                 "seconds": time.perf_counter() - started}

@@ -1,5 +1,6 @@
 """Training with the vLLM engine (a fake that behaves like vLLM: block prefix cache, sleep, LoRA ids): every
-sync passes the parity probe, in both sync modes; an engine that serves stale prefix KV stops the run."""
+sync passes the parity probe, in both sync modes; an engine that serves stale prefix KV stops the run; each
+step sleeps at the mode's level, loads with only the weights awake, then wakes the KV cache."""
 
 import pytest
 
@@ -15,6 +16,42 @@ def vllm_config(run_dir, *extra):
     return config(run_dir, "engine.kind=vllm", "model.dtype=float32", "trainer.max_steps=2", "trainer.eval_before_train=false",
                   "trainer.export=false", "trainer.lr=0.05", "trainer.sft_steps=1", "trainer.sft_lr=0.05",
                   "trainer.sft_batch_size=2", *extra)
+
+
+def record_engine_calls(monkeypatch):
+    """VLLMEngine's sleep / wake_up(tags) / loads, in order, as the trainer makes them."""
+    from ctu.engines.vllm import VLLMEngine
+
+    events = []
+
+    def wrap(name, describe):
+        original = getattr(VLLMEngine, name)
+
+        def logged(self, *args, **kwargs):
+            events.append(describe(*args, **kwargs))
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(VLLMEngine, name, logged)
+
+    wrap("sleep", lambda: "sleep")
+    wrap("wake_up", lambda tags=None: f"wake_up {sorted(tags) if tags is not None else 'all'}")
+    wrap("update_weights", lambda *a, **k: "update_weights")
+    wrap("update_adapter", lambda *a, **k: "update_adapter")
+    return events
+
+
+@pytest.mark.parametrize(("mode", "level"), [("merged", 2), ("adapter", 1)])
+def test_each_step_sleeps_loads_into_awake_weights_then_wakes_the_kv_cache(tmp_path, monkeypatch, mode, level):
+    fake_vllm.install(monkeypatch)
+    events = record_engine_calls(monkeypatch)
+    trainer = Trainer(vllm_config(tmp_path / mode, f"engine.weight_sync={mode}", "trainer.sft_steps=0"))
+    levels = []
+    sleep = trainer.engine.llm.sleep
+    monkeypatch.setattr(trainer.engine.llm, "sleep", lambda level=1, **kw: (levels.append(level), sleep(level, **kw)))
+    trainer.run()
+    load = "update_weights" if mode == "merged" else "update_adapter"
+    assert events == ["sleep", load, "wake_up ['weights']", "wake_up ['kv_cache']", "wake_up all"] * 2, events
+    assert levels == [level, level] and trainer.engine.weights_version == 2
 
 
 @pytest.mark.parametrize("mode", ["merged", "adapter"])

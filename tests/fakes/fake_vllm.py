@@ -5,7 +5,7 @@ vLLM behaviours ctu depends on, each taken from vLLM's source (github vllm-proje
 
 - ``vllm/entrypoints/llm.py``: ``LLM(model, **engine_args)`` (unknown engine args raise);
   ``generate(prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None, ...)``;
-  ``sleep(level=1)`` (resets the prefix cache, then sleeps the engine); ``wake_up(tags=None)``;
+  ``sleep(level=1, mode="abort")`` (resets the prefix cache, then sleeps the engine); ``wake_up(tags=None) -> bool``;
   ``reset_prefix_cache(...) -> bool``; ``apply_model(func) -> list`` (``func(model)`` per worker);
   ``collective_rpc(method, timeout=None, args=(), kwargs=None) -> list``.
 - ``vllm/v1/sample/sampler.py`` and ``vllm/v1/sample/ops/topk_topp_sampler.py``: ``raw_logprobs`` /
@@ -23,9 +23,16 @@ vLLM behaviours ctu depends on, each taken from vLLM's source (github vllm-proje
 - ``vllm/lora/request.py``: ``LoRARequest(lora_name, lora_int_id, lora_path)``; adapters are cached
   by ``lora_int_id`` (vllm/lora/worker_manager.py), so re-using an id with new weights serves the old
   adapter.
-- Sleep (``vllm/v1/worker/gpu_worker.py``): level 1 offloads weights and discards the KV cache;
-  level 2 discards weights too. Generating, or loading weights, while asleep fails here (on a GPU the
-  memory is unmapped). ``platforms.current_platform.is_sleep_mode_available()``; with ``SLEEP_MODE = False``
+- Sleep (vLLM 0.33: ``vllm/v1/engine/core.py``, ``vllm/v1/executor/abstract.py``, ``vllm/v1/worker/gpu_worker.py``,
+  ``vllm/device_allocator/sleep_mode_backend.py``, ``cumem.py``): ``sleep(level)`` pauses the scheduler and clears
+  the prefix cache, then the executor marks the tags ``{"weights", "kv_cache"}`` asleep (a second sleep while the
+  weights sleep is a logged no-op). Level 1 offloads the weights to host RAM (restored on wake) and discards the
+  KV cache; level 2 keeps nothing: waking gives back memory that is not the model ("empty memory", zeroed on
+  ROCm; zeroed here) until weights are reloaded (only buffers are saved and restored). ``wake_up(tags)`` wakes
+  the given tags (None: all); a tag that is not asleep makes the executor log a warning and wake nothing; it
+  returns whether the engine is fully awake, and only then does the scheduler run again (a request made before
+  would wait for ever; here it raises). Loading weights needs the weights awake (on a GPU their memory is
+  unmapped), not the KV cache. ``platforms.current_platform.is_sleep_mode_available()``; with ``SLEEP_MODE = False``
   the fake is vLLM's CPU backend: ``LLM(enable_sleep_mode=True)`` raises (vllm/config/model.py) and
   sleep/wake are logged no-ops (vllm/v1/worker/cpu_worker.py).
 - Weights (vllm/model_executor/model_loader/reload/inplace.py, vllm/v1/worker/gpu_worker.py):
@@ -44,10 +51,17 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
-from typing import Any, TypedDict
 
 import torch
+
+from tests.fakes.fake_vllm_types import (  # noqa: F401 - re-exported: ``import vllm`` finds them here
+    CompletionOutput,
+    Logprob,
+    LoRARequest,
+    RequestOutput,
+    SamplingParams,
+    TokensPrompt,
+)
 
 BLOCK_SIZE = 16
 LLM_KWARGS = {"dtype", "seed", "gpu_memory_utilization", "enable_sleep_mode", "logprobs_mode", "tensor_parallel_size",
@@ -66,67 +80,6 @@ class _Platform:
 
 
 current_platform = _Platform()
-
-
-@dataclass
-class Logprob:
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
-
-
-class TokensPrompt(TypedDict, total=False):
-    prompt_token_ids: list[int]
-    prompt: str
-
-
-@dataclass
-class SamplingParams:
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    max_tokens: int | None = 16
-    logprobs: int | None = None
-    detokenize: bool = True
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-
-
-@dataclass
-class LoRARequest:
-    lora_name: str
-    lora_int_id: int
-    lora_path: str = ""
-
-    def __post_init__(self):
-        if self.lora_int_id < 1:
-            raise ValueError(f"id must be > 0, got {self.lora_int_id}")
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    cumulative_logprob: float | None
-    logprobs: list[dict[int, Logprob]] | None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    prompt_logprobs: Any
-    outputs: list[CompletionOutput]
-    finished: bool = True
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: int, p: float) -> torch.Tensor:
@@ -160,8 +113,9 @@ class _Model(torch.nn.Module):
             name, tensor = next(iter(weights))
             raise AssertionError(f"Attempted to load weight ({tuple(torch.as_tensor(tensor).shape)}) into parameter "
                                  "(torch.Size([0])): load_weights works inside collective_rpc('reload_weights') only")
-        if self._llm.sleep_level is not None:
-            raise RuntimeError("weights are offloaded while the engine sleeps: call wake_up() before load_weights")
+        if "weights" in self._llm.sleeping_tags:
+            raise RuntimeError("the weights sleep (their GPU memory is unmapped): call wake_up(tags=['weights']) "
+                               "before load_weights")
         params = dict(self.hf.named_parameters())
         loaded = set()
         for name, tensor in weights:
@@ -241,7 +195,8 @@ class LLM:
         self.prefix_cache: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.cache_hits = 0  # blocks served from the prefix cache
         self.loras: dict[int, dict[str, torch.Tensor]] = {}  # lora_int_id -> {module name: delta W}
-        self.sleep_level: int | None = None
+        self.sleep_level: int | None = None  # the level of the current sleep, until fully awake
+        self.sleeping_tags: set[str] = set()  # vllm/v1/executor/abstract.py: Executor.sleeping_tags
         self.calls = 0
 
     # -- control ------------------------------------------------------------------------------------------------
@@ -250,24 +205,42 @@ class LLM:
         self.prefix_cache.clear()
         return True
 
-    def sleep(self, level: int = 1):
+    def sleep(self, level: int = 1, mode: str = "abort"):
         if not SLEEP_MODE:
             self.reset_prefix_cache()
             log.warning("sleep mode is not supported on CPU, ignore it.")
             return
         if not self.kwargs.get("enable_sleep_mode"):
             raise ValueError("Sleep mode is not enabled in the model config")
-        self.reset_prefix_cache()
-        if level >= 2:
+        if level not in (1, 2):
+            raise NotImplementedError("the fake sleeps at level 1 or 2 (level 0 only pauses scheduling)")
+        self.reset_prefix_cache()  # EngineCore.sleep: pause_scheduler(clear_cache=level >= 1)
+        if "weights" in self.sleeping_tags:
+            log.warning("Executor is already sleeping.")
+            return
+        if level == 2:
             with torch.no_grad():
                 for p in self.hf.parameters():
                     p.zero_()  # discarded, not offloaded: wake_up gives back garbage until weights are reloaded
         self.sleep_level = level
+        self.sleeping_tags = {"weights", "kv_cache"}
 
-    def wake_up(self, tags: list[str] | None = None):
+    def wake_up(self, tags: list[str] | None = None) -> bool:
         if not SLEEP_MODE:
             log.warning("sleep mode is not supported on CPU, ignore it.")
-        self.sleep_level = None
+            return True
+        if tags is not None:
+            tags = [t for t in tags if t != "scheduling"]
+        if tags is None or tags:
+            if not self.sleeping_tags:
+                log.warning("Executor is not sleeping.")
+            elif tags and any(t not in self.sleeping_tags for t in tags):
+                log.warning("Tag %s is not in sleeping tags %s", tags, self.sleeping_tags)
+            else:
+                self.sleeping_tags -= set(tags) if tags else set(self.sleeping_tags)
+        if not self.sleeping_tags:
+            self.sleep_level = None
+        return not self.sleeping_tags
 
     def apply_model(self, func):
         return [func(self._model)]
@@ -395,8 +368,8 @@ class LLM:
     @torch.inference_mode()
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
                  tokenization_kwargs=None):
-        if self.sleep_level is not None:
-            raise RuntimeError("the engine is sleeping: call wake_up() first")
+        if self.sleeping_tags:  # the scheduler resumes only once fully awake: vLLM would wait for ever
+            raise RuntimeError(f"the engine is sleeping ({sorted(self.sleeping_tags)} asleep): call wake_up() first")
         prompts = prompts if isinstance(prompts, list) else [prompts]
         # LLM.generate takes one SamplingParams for all prompts or a list with one per prompt (vllm/entrypoints/llm.py)
         if isinstance(sampling_params, (list, tuple)):

@@ -123,11 +123,12 @@ def test_a_weight_update_reaches_the_next_generation_despite_the_prefix_cache(en
 
 
 def test_the_parity_probe_passes_after_a_sync(engine, hf):
-    from ctu.engines.parity import check_parity, probe_parity
+    from ctu.engines.parity import check_parity, check_versions, probe_parity
     from ctu.train.policy import token_logprobs
 
     new = moved(hf, 0.2, seed=3)
-    engine.update_weights(new.state_dict().items())
+    engine.update_weights(new.state_dict().items(), version=5)
+    check_versions([engine.weights_version], 5)  # stamped once reload_weights returned
 
     def score(ids, mask, temperature):
         return token_logprobs(new, ids, mask, temperature)[0]
