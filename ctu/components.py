@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ctu.config import Config, weight_sync_mode
+from ctu.config import Config, engines_sleep, weight_sync_mode
 from ctu.domains import get_domain
 from ctu.domains.base import Domain
 from ctu.engines.base import SamplingParams
@@ -63,7 +63,8 @@ def build_engine(config: Config, model=None, tokenizer=None):
                        gpu_memory_utilization=config.engine.gpu_memory_utilization, seed=config.run.seed,
                        max_model_len=config.env.max_context_tokens, enable_lora=weight_sync_mode(config) == "adapter",
                        max_lora_rank=config.lora.rank, lora_alpha=config.lora.alpha, sampling_temperature=config.sampling.temperature,
-                       sampling_top_p=config.sampling.top_p, sleep_level=sleep_level_for(weight_sync_mode(config)))
+                       sampling_top_p=config.sampling.top_p, sleep_level=sleep_level_for(weight_sync_mode(config)),
+                       enable_sleep_mode=None if engines_sleep(config) else False)  # split engines never sleep
 
 
 def build_user(config: Config) -> UserSimulator:

@@ -245,6 +245,15 @@ class Config:
         return config_problems(self)
 
 
+def engines_sleep(config: Config) -> bool:
+    """Whether the rollout engines sleep through trainer work: only where they share the trainer's GPU
+    (``engine.colocated``). Ray rollout workers placed apart from the trainer ranks (``distributed.placement=split``)
+    have GPUs of their own and stay awake: sleeping there would only move their weights to host RAM and back."""
+    d = config.distributed
+    split = d.placement == "split" and d.rollout_workers > 0 and d.trainer_workers > 0
+    return config.engine.colocated and not split
+
+
 def weight_sync_mode(config: Config) -> Literal["merged", "adapter"]:
     """What a weight sync sends: ``engine.weight_sync``, or for ``auto`` the LoRA adapter when a LoRA run syncs
     an in-process vLLM engine (no merged copy of the model per sync), merged weights otherwise."""

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from ctu.config import Config, weight_sync_mode
+from ctu.config import Config, engines_sleep, weight_sync_mode
 from ctu.engines.parity import check_parity, check_versions, default_parity_tolerance
 from ctu.train.weights import hf_name
 
@@ -65,7 +65,7 @@ class WeightSync:
         self.base_changed = False  # the engine's base weights must be (re)sent before adapter-only syncs
 
     def before_update(self) -> None:
-        if self.config.engine.colocated:
+        if engines_sleep(self.config):
             self.pool.sleep()
 
     def after_update(self, version: int) -> dict[str, float]:

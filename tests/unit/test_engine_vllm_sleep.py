@@ -157,3 +157,25 @@ def test_the_trainers_sync_does_not_wake_the_kv_cache_before_loading(monkeypatch
     sync.after_update(1)
     assert events[0] == ("wake_up", ["weights"]) and ("wake_up", None) not in events
     assert events.index(("wake_up", ["kv_cache"])) > events.index(("reload_weights", ["kv_cache"]))
+
+
+def test_split_placement_engines_stay_awake_through_updates():
+    """Split rollout workers have GPUs of their own: before_update must not sleep them (it did every step)."""
+    from ctu.config import engines_sleep, load_config
+    from ctu.train.sync import WeightSync
+
+    class Pool:
+        slept = 0
+
+        def sleep(self):
+            self.slept += 1
+
+    base = ["distributed.rollout_workers=2", "distributed.trainer_workers=2"]
+    split = load_config(None, [*base, "distributed.placement=split"])
+    colocated = load_config(None, base)
+    assert not engines_sleep(split) and engines_sleep(colocated)
+    assert engines_sleep(load_config(None, [])) and not engines_sleep(load_config(None, ["engine.colocated=false"]))
+    for config, slept in ((split, 0), (colocated, 1)):
+        pool = Pool()
+        WeightSync(config, object(), pool).before_update()
+        assert pool.slept == slept
