@@ -40,12 +40,18 @@ micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
 - hf engine: rollouts run on the policy itself; its KV cache is bounded by max_batch_size x max_context_tokens.
 - overhead: the trainer's CUDA context (CUDA_CONTEXT) + 5% of the trainer's allocations for fragmentation.
 
-- weight sync (:func:`sync_transient`), with the engine awake: the merged stream's one LoRA module merge (fp32
-  base copy + fp32 delta + compute-dtype result) or one weight's cast; a sharded policy's gathered stream on every
-  rank (:func:`ctu.plan_terms.stream_peak`: one unit gathered while the previous unit's gathered weights, fp32
-  deltas and handed-out clones are still referenced; at 8B LoRA the root unit and its bf16 clone), or
-  the fp32 adapter (engine.weight_sync=adapter, whose vLLM also keeps one adapter's bf16 LoRA slots out of
-  its fraction). The trainer empties its CUDA cache before vLLM starts or wakes, so nothing it freed counts.
+- weight sync (:func:`sync_transient`): the merged stream's one LoRA module merge (fp32 base copy + fp32 delta +
+  compute-dtype result) or one weight's cast; a sharded policy's gathered stream (:func:`ctu.plan_terms.stream_peak`:
+  one unit gathered while the previous unit's gathered weights, fp32 deltas and handed-out clones are still
+  referenced; at 8B LoRA the root unit and its bf16 clone), or the fp32 adapter (engine.weight_sync=adapter, whose
+  vLLM also keeps one adapter's bf16 LoRA slots out of its fraction). Beside it a sleeping vLLM holds
+  (:func:`ctu.plan_terms.sync_engine_state`) its weights and graphs (a merged sync in one process: weights woken,
+  loaded, then the KV cache woken), or its graphs only (an adapter written to host before the wake; Ray ranks'
+  gather, packed before any engine loads); an engine that does not sleep is awake. The trainer empties its CUDA
+  cache before vLLM starts or wakes, so nothing it freed counts.
+- export (:func:`ctu.plan_terms.export_transient`, ``trainer.export``): after the final evaluation, engine awake: one
+  fp32 merge or cast in one process, the gathered fp32 stream (and rank 0's fp32 adapter) over N ranks; rank 0
+  fills one fp32 model in host RAM (:func:`ctu.plan_terms.export_host_bytes`, shown as ``host_export``).
 - autocast (one process, compute dtype below fp32, no cast cache: :mod:`ctu.engines.precision`): casts of the
   fp32 weights live as long as their use; without checkpointing backward saves them all (b x trainable), with
   it one at a time (the largest: lm_head, b V h).
@@ -54,9 +60,10 @@ micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
   process plans one GPU); Ray rollout workers add their engines to the trainer GPU they share (``colocated``: k
   per GPU count k times; an hf worker holds its own bP copy) or take GPUs of their own (``split``).
 
-Peak = max(training, rollout, weight sync phase); weight sync = rollout + its transient; training = persistent (weights, reference, optimizer state) +
-gradients + max(activations + logit chunk + FSDP buffers, optimizer-step temporary) + vLLM (asleep or awake);
-rollout = persistent + engine (gradients are set to None right after the optimizer step).
+Peak = max(training, rollout, weight sync, export phase); training = persistent (weights, reference, optimizer
+state) + gradients + max(activations + logit chunk + FSDP buffers, optimizer-step temporary) + vLLM (asleep or awake);
+rollout = persistent + engine (gradients are set to None right after the optimizer step); weight sync = persistent +
+the engine as the sync finds it + its transient; export = rollout + its transient.
 """
 
 from __future__ import annotations
@@ -75,12 +82,15 @@ from ctu.plan_terms import (  # noqa: F401 - re-exported: the shapes and terms l
     _module_shapes,
     activation_bytes_per_token_layer,
     arch_from_config,
+    export_host_bytes,
+    export_transient,
     host_pinned,
     kv_bytes_per_token,
     lora_parameter_count,
     parameter_count,
     resolve_arch,
     sleep_level,
+    sync_engine_state,
     sync_transient,
     vllm_batched_tokens,
     vllm_profiling_peak,
@@ -107,10 +117,12 @@ class Plan:
     problems: list[str] = field(default_factory=list)  # what does not fit, and by how much
     sync_total: int = 0  # the weight sync: rollout-phase memory (engine awake) + the sync's transient
     host_pinned: int = 0  # host (CPU) RAM pinned per GPU while its vLLM engines sleep at level 1
+    export_total: int = 0  # the export at the end of a run: rollout-phase memory (engine awake) + its transient
+    host_export: int = 0  # host (CPU) RAM rank 0 holds to write the fp32 export
 
     @property
     def total(self) -> int:
-        return max(self.train_total, self.rollout_total, self.sync_total)
+        return max(self.train_total, self.rollout_total, self.sync_total, self.export_total)
 
     @property
     def fits(self) -> bool:
@@ -127,8 +139,10 @@ class Plan:
         lines += [f"{'training phase (peak)':<46}{gib(self.train_total)}",
                   f"{'rollout phase (peak)':<46}{gib(self.rollout_total)}",
                   f"{'weight sync phase (peak)':<46}{gib(self.sync_total)}",
+                  f"{'export phase (peak)':<46}{gib(self.export_total)}",
                   f"{'GPU memory':<46}{gib(self.gpu_memory)}",
-                  f"{'host (CPU) pinned RAM per GPU (vLLM asleep)':<46}{gib(self.host_pinned)}"]
+                  f"{'host (CPU) pinned RAM per GPU (vLLM asleep)':<46}{gib(self.host_pinned)}",
+                  f"{'host (CPU) RAM for the export (rank 0)':<46}{gib(self.host_export)}"]
         lines += [f"note: {n}" for n in self.notes]
         lines.append("fits" if self.fits else "DOES NOT FIT: " + "; ".join(self.problems))
         return "\n".join(lines)
@@ -285,7 +299,18 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
     label, transient = sync_transient(a, config, b, n, trainable)
     if transient:
         parts[label] = transient
-    sync = rollout + transient  # the engine is awake (woken after empty_cache) while the weights arrive
+    state = sync_engine_state(config, n > 1 or bool(getattr(getattr(config, "distributed", None), "trainer_workers", 0)))
+    engine = rollout - persistent  # what the engines hold awake
+    if state != "awake" and kind == "vllm" and cuda:
+        engine = k * (VLLM_CUDA_GRAPHS + (0 if state == "asleep" else 2 * p + parts.get("vLLM LoRA slots (bf16)", 0)))
+        notes.append("weight sync: vLLM holds " + ("its weights and CUDA graphs, KV cache asleep, while the stream "
+                     "loads" if state == "weights" else "only its CUDA graphs while the weights are gathered or "
+                     "written to host"))
+    sync = persistent + engine + transient
+    label, exporting = export_transient(a, config, b, n, trainable)
+    if exporting:
+        parts[label] = exporting
+    export = rollout + exporting if config.trainer.export else 0  # after the final evaluation: the engine awake
     if kind == "vllm" and cuda:
         notes.append("the trainer empties its CUDA cache (torch.cuda.empty_cache) before vLLM starts or wakes: "
                      "what the trainer freed is not counted beside vLLM's fraction")
@@ -293,9 +318,10 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
         parts["rollout workers' CUDA context"] = k * CUDA_CONTEXT
     context = (CUDA_CONTEXT if cuda else 0) + parts.get("rollout workers' CUDA context", 0)
     train, rollout, sync = (int(x * (1 + FRAGMENTATION)) + context for x in (train, rollout, sync))
-    parts["overhead (context, fragmentation)"] = context + int(FRAGMENTATION * max(train, rollout, sync)
+    export = int(export * (1 + FRAGMENTATION)) + context if export else 0
+    parts["overhead (context, fragmentation)"] = context + int(FRAGMENTATION * max(train, rollout, sync, export)
                                                                / (1 + FRAGMENTATION))
-    for phase, total in (("training", train), ("rollout", rollout), ("weight sync", sync)):
+    for phase, total in (("training", train), ("rollout", rollout), ("weight sync", sync), ("export", export)):
         if total > memory:
             problems.insert(0, f"{phase} phase needs {total / GiB:.1f} GiB per GPU, {gpus} x {gpu_memory_gb:g} "
                                f"GiB has {memory / GiB:.1f} (short by {(total - memory) / GiB:.1f} GiB)")
@@ -304,7 +330,7 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
                      f"distributed.trainer_workers={n} for that (without it, it trains on one GPU)")
     pinned = host_pinned(config, k, p) if kind == "vllm" and cuda else 0
     return Plan(config.model.path, gpus, memory, p, trainable, parts, other, train, rollout, notes, problems, sync,
-                pinned)
+                pinned, export, export_host_bytes(a, config))
 
 
 def check_fits(config, gpus: int | None = None, gpu_memory_gb: float = 80.0) -> Plan:

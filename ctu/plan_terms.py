@@ -7,6 +7,12 @@ cache runs that many tokens. CUDA graphs are captured after the KV cache is allo
 vllm/v1/worker/gpu_worker.py) and are not counted in ``gpu_memory_utilization`` unless
 ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1``; sleep (either level) frees only the weights and KV cache pools, so the
 graphs stay while the engine sleeps. Level 1 offloads the weights to pinned host RAM, level 2 discards them.
+
+A sync wakes a sleeping engine in steps (ctu/engines/vllm.py, ctu/train/sync.py): ``update_weights`` wakes the weights,
+loads the stream, then wakes the KV cache; ``update_adapter`` writes the adapter to host first, then wakes both; Ray
+trainer ranks gather and pack the merged weights to the object store before any engine is asked to load them. So what
+the engine holds while the sync's transient lives depends on the path (:func:`sync_engine_state`). At the end of a
+run the export follows the final evaluation with the engine awake (the pool closes after it: ctu/train/trainer.py).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ctu.config import weight_sync_mode
+from ctu.config import engines_sleep, weight_sync_mode
 
 GiB = 1 << 30
 CUDA_CONTEXT = int(0.75 * GiB)  # one process's CUDA context (and cuBLAS workspace) on a GPU
@@ -142,6 +148,18 @@ def host_pinned(config, engines: int, parameters: int) -> int:
     return engines * 2 * parameters if sleep_level(config) == 1 else 0
 
 
+def sync_engine_state(config, sharded: bool) -> str:
+    """What a vLLM engine on the trainer's GPU holds while the sync's transient is alive: ``"asleep"`` (CUDA graphs
+    only: an adapter is written to host before the wake; Ray trainer ranks, ``sharded``, gather and pack before the
+    engines load), ``"weights"`` (a merged stream in one process loads into the woken weights, KV cache asleep), or
+    ``"awake"`` (an engine that does not sleep: ``engine.colocated=false``, split placement, the hf engine)."""
+    if config.engine.kind != "vllm" or not engines_sleep(config):
+        return "awake"
+    if weight_sync_mode(config) == "adapter" or sharded:
+        return "asleep"
+    return "weights"
+
+
 @dataclass(frozen=True)
 class Unit:
     """One FSDP unit as :func:`ctu.distributed.fsdp.gathered_named_tensors` sees it: the bytes of its gathered full
@@ -167,7 +185,7 @@ def sync_units(a: Arch, b: int, lora_rank: int = 0, targets: tuple[str, ...] = (
 
 
 def stream_peak(units: list[Unit], out_bytes: int) -> int:
-    """Peak bytes on every rank (each builds the list; only rank 0 yields it) of the gathered stream: while unit k+1
+    """Peak bytes on rank 0 (the others drop each gather at once) of the gathered stream: while unit k+1
     is gathered, unit k's gathered parameters (``params``), fp32 deltas and handed-out tensors (``out``) are still
     referenced; a delta is made as B @ A and its scaled copy (8 bytes an element); a merge as an fp32 copy of the
     base plus the fp32 sum (8), then cast to ``out_bytes``; an unmerged tensor is cast or cloned (``out_bytes``)."""
@@ -205,3 +223,34 @@ def sync_transient(a: Arch, config, b: int, n: int, trainable: int) -> tuple[str
         largest = max(i * o for t, (i, o) in _module_shapes(a).items() if t in config.lora.target_modules)
         return "weight sync (one LoRA module's merge)", (8 + b) * largest
     return "weight sync (one weight's cast)", b * a.vocab * a.hidden
+
+
+def export_transient(a: Arch, config, b: int, n: int, trainable: int) -> tuple[str, int]:
+    """(label, bytes) the export (``trainer.export``) allocates on each GPU: one process
+    (:func:`ctu.train.weights.export`, fp32, each tensor moved to host as it comes): a LoRA module's merge (an fp32
+    copy of the base, the fp32 delta; the fp32 result is that copy) or an unmerged weight's fp32 cast (the largest:
+    the embedding; fp32 masters go out as they are). N > 1 ranks (``TrainerRank.export``): :func:`stream_peak` of
+    the gathered stream in fp32, plus the fp32 adapter rank 0 gathers first and keeps until it is written."""
+    if not config.trainer.export:
+        return "", 0
+    lora = config.lora.enabled
+    shapes = _module_shapes(a)
+    if n > 1:
+        units = sync_units(a, b, config.lora.rank if lora else 0, tuple(config.lora.target_modules))
+        what = "bf16 units, fp32 deltas and results, fp32 adapter" if lora else "fp32 units and clones"
+        return f"export ({what})", stream_peak(units, 4) + (4 * trainable if lora else 0)
+    if not lora:
+        return "", 0
+    merge = 8 * max(i * o for t, (i, o) in shapes.items() if t in config.lora.target_modules)
+    unmerged = [a.vocab * a.hidden] + [i * o for t, (i, o) in shapes.items() if t not in config.lora.target_modules]
+    return "export (one fp32 merge or cast)", max(merge, (4 if b < 4 else 0) * max(unmerged))
+
+
+def export_host_bytes(a: Arch, config) -> int:
+    """Host RAM rank 0 (or the one process) holds to write the export: the fp32 model it loads and fills
+    (``export_tensors``: ``from_pretrained(dtype=float32)``) and the host copy of the tensor being copied in (the
+    largest: the embedding; safetensors writes from the tensors' own memory)."""
+    if not config.trainer.export:
+        return 0
+    largest = max([a.vocab * a.hidden] + [i * o for i, o in _module_shapes(a).values()])
+    return 4 * parameter_count(a) + 4 * largest
