@@ -3,32 +3,20 @@ unsharded update of the same model and episodes within bf16 tolerance, and the f
 with a gradient clip that binds, FSDP's clip (a norm over the shards) scales the step as the unsharded one does
 (with grad_clip=1e6 a wrong norm could not show)."""
 
-import os
-import socket
-
 import pytest
 import torch
+
+from tests.fsdp_helpers import perturb_lora_b, single_process_group
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def nccl():
-    import torch.distributed as dist
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
-    yield
-    dist.destroy_process_group()
+    with single_process_group("nccl", device_id=torch.device("cuda", 0)):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +37,7 @@ def one_update(model_path, lora: bool, sharded: bool, lr: float, grad_clip: floa
                              f"lora.enabled={str(lora).lower()}", "model.dtype=bfloat16", "trainer.kl_coef=0.0", *extra])
     torch.manual_seed(0)
     policy = build_policy(cfg, device="cuda")
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(1)
-        for name, p in policy.model.named_parameters():
-            if "lora_B" in name:
-                p.copy_((torch.randn(p.shape, generator=g) * 0.05).to(p.device))
+    perturb_lora_b(policy)
     if sharded:
         shard_policy(policy, compute_dtype=torch.bfloat16)
     before = trainable_full(policy)

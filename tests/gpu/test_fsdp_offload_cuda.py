@@ -9,35 +9,23 @@ Offloaded shards live on the CPU while forwards run on the GPU. This covers what
 - no FSDP unit stays gathered after passes without backward, and no gradient after an update.
 """
 
-import os
-import socket
-
 import pytest
 import torch
 from torch.distributed.tensor import DTensor
+
+from tests.fsdp_helpers import perturb_lora_b, single_process_group
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def offload_group():
-    import torch.distributed as dist
-
     from ctu.distributed.ray_trainer import process_group_backend
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(_free_port())
     torch.cuda.set_device(0)
-    dist.init_process_group(process_group_backend(cuda=True, cpu_offload=True), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    with single_process_group(process_group_backend(cuda=True, cpu_offload=True)):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +44,7 @@ def offloaded(model_path, *overrides):
                              "trainer.micro_batch_tokens=40", *overrides])
     torch.manual_seed(0)
     policy = build_policy(cfg, device="cuda")
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(1)
-        for name, p in policy.model.named_parameters():
-            if "lora_B" in name:
-                p.copy_((torch.randn(p.shape, generator=g) * 0.05).to(p.device))
+    perturb_lora_b(policy)
     shard_policy(policy, cpu_offload=True)
     assert next(policy.model.parameters()).device.type == "cpu" and policy.device.type == "cuda"
     return cfg, policy

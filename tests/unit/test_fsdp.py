@@ -5,14 +5,13 @@ masters; DCP checkpoints commit atomically and load at another world size."""
 from __future__ import annotations
 
 import json
-import socket
-import traceback
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.fsdp_helpers import free_port, spawned_rank
 from tests.models import save_random_model
 
 WORLD = 2
@@ -87,12 +86,6 @@ def update(policy, cfg, samples, lr, reduce=None):
     return policy_update(policy, opt, sched, samples, cfg.trainer, temperature=0.9, seed=0, reduce=reduce)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _init(rank: int, world: int, init: str):
     import torch.distributed as dist
 
@@ -101,19 +94,11 @@ def _init(rank: int, world: int, init: str):
 
 
 def _run(rank: int, world: int, init: str, out: str, job: str, args: dict):
-    import torch.distributed as dist
-
-    try:
+    with spawned_rank(rank, out):
         _init(rank, world, init)
         result = JOBS[job](rank, world, **args)
         if rank == 0:
             torch.save(result, Path(out) / "result.pt")
-    except BaseException:
-        (Path(out) / f"error-{rank}.txt").write_text(traceback.format_exc())
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def spawn(job: str, tmp: Path, world: int = WORLD, **args):

@@ -12,26 +12,9 @@
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
 from torch.distributed.tensor import DTensor
-
-
-@pytest.fixture(scope="module")
-def gloo():
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ Spies record how many gathered tensors are alive at once on each rank (weak refe
 from __future__ import annotations
 
 import gc
-import traceback
 import weakref
 from pathlib import Path
 
@@ -18,8 +17,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.fsdp_helpers import free_port, spawned_rank
 from tests.models import save_random_model
-from tests.unit.test_fsdp import free_port, make_policy
+from tests.unit.test_fsdp import make_policy
 
 
 def spy_full(module) -> dict:
@@ -86,16 +86,10 @@ def job(rank: int, model_path: str, out: str) -> dict:
 def _run(rank: int, init: str, model_path: str, out: str):
     import torch.distributed as dist
 
-    try:
+    with spawned_rank(rank, out):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
         torch.save(job(rank, model_path, out), Path(out) / f"rank{rank}.pt")
-    except BaseException:
-        (Path(out) / f"error-{rank}.txt").write_text(traceback.format_exc())
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

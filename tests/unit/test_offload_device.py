@@ -3,25 +3,8 @@ device, so inputs must go there. ``Policy.device`` (where every caller puts its 
 ``shard_policy`` records, not the device of the first parameter (which was the CPU: a device mismatch at the first
 forward on CUDA; tests/gpu/test_memory_cuda.py runs it there). CPU here: gloo, world size 1."""
 
-import os
-import socket
-
 import pytest
 import torch
-
-
-@pytest.fixture(scope="module")
-def gloo():
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

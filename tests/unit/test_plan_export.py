@@ -4,27 +4,10 @@ phase's memory plus the export's transient: one fp32 merge or cast in one proces
 the gathered fp32 stream on every rank of a sharded policy (``TrainerRank.export``, plus the fp32 adapter rank 0
 keeps). Rank 0 (or the one process) writes one fp32 model of the full size from host RAM."""
 
-from pathlib import Path
-
 from ctu.config import load_config
-from ctu.plan import CUDA_CONTEXT, FRAGMENTATION, GiB, _module_shapes, parameter_count, plan, resolve_arch
+from ctu.plan import GiB, _module_shapes, parameter_count, plan, resolve_arch
 from ctu.plan_terms import VLLM_CUDA_GRAPHS, stream_peak, sync_units
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-QWEN3_8B = str(CONFIGS / "qwen3-8b-lora.yaml")
-THREE_B = str(CONFIGS / "qwen2.5-3b-retail.yaml")
-SEVEN_B = str(CONFIGS / "qwen2.5-7b-multidomain.yaml")
-RAY8 = ["distributed.trainer_workers=8", "distributed.rollout_workers=8"]
-
-
-def part(result, prefix):
-    hits = [v for k, v in result.parts.items() if k.startswith(prefix)]
-    assert len(hits) == 1, (prefix, list(result.parts))
-    return hits[0]
-
-
-def overhead(raw, contexts=1):
-    return int(raw * (1 + FRAGMENTATION)) + contexts * CUDA_CONTEXT
+from tests.plan_helpers import QWEN3_8B, RAY8, SEVEN_B, THREE_B, overhead, part
 
 
 def test_an_in_process_lora_export_casts_the_embedding_to_fp32_beside_the_awake_engine():

@@ -4,23 +4,11 @@ its fraction, gradients freed before rollouts, host RAM pinned by sleep level 1 
 placement without sleep/wake (its engine GPU checked on its own)."""
 
 import json
-from pathlib import Path
 
 from ctu.config import load_config
 from ctu.plan import CUDA_CONTEXT, FRAGMENTATION, GiB, _module_shapes, parameter_count, plan, resolve_arch
 from ctu.plan_terms import VLLM_CUDA_GRAPHS
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-QWEN3_8B = str(CONFIGS / "qwen3-8b-lora.yaml")
-THREE_B = str(CONFIGS / "qwen2.5-3b-retail.yaml")
-SEVEN_B = str(CONFIGS / "qwen2.5-7b-multidomain.yaml")
-RAY8 = ["distributed.trainer_workers=8", "distributed.rollout_workers=8"]
-
-
-def part(result, prefix):
-    hits = [v for k, v in result.parts.items() if k.startswith(prefix)]
-    assert len(hits) == 1, (prefix, list(result.parts))
-    return hits[0]
+from tests.plan_helpers import QWEN3_8B, RAY8, SEVEN_B, THREE_B, part
 
 
 def test_a_sharded_lora_sync_holds_the_gathered_root_and_its_bf16_clone_on_every_rank():

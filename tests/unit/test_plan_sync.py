@@ -4,29 +4,12 @@ sync in one process loads into the woken weights with the KV cache still asleep;
 any engine wakes; an adapter is written to host before the wake; an engine that never sleeps is awake);
 autocast's bf16 casts of fp32 weights add to the training forward; vLLM's LoRA slots come out of its fraction."""
 
-from pathlib import Path
-
 import pytest
 
 from ctu.config import load_config
-from ctu.plan import CUDA_CONTEXT, FRAGMENTATION, GiB, _module_shapes, lora_parameter_count, main, plan, resolve_arch
+from ctu.plan import GiB, _module_shapes, lora_parameter_count, main, plan, resolve_arch
 from ctu.plan_terms import VLLM_CUDA_GRAPHS
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-QWEN3_8B = str(CONFIGS / "qwen3-8b-lora.yaml")
-THREE_B = str(CONFIGS / "qwen2.5-3b-retail.yaml")
-SEVEN_B = str(CONFIGS / "qwen2.5-7b-multidomain.yaml")
-RAY8 = ["distributed.trainer_workers=8", "distributed.rollout_workers=8"]
-
-
-def part(result, prefix):
-    hits = [v for k, v in result.parts.items() if k.startswith(prefix)]
-    assert len(hits) == 1, (prefix, list(result.parts))
-    return hits[0]
-
-
-def overhead(raw, contexts=1):
-    return int(raw * (1 + FRAGMENTATION)) + contexts * CUDA_CONTEXT
+from tests.plan_helpers import QWEN3_8B, RAY8, SEVEN_B, THREE_B, overhead, part
 
 
 def test_a_merged_lora_sync_holds_one_module_merge_beside_the_engine_weights_with_its_kv_cache_asleep():
