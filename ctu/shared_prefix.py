@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ctu.engines.hf_api import cache_of, checkpointing_enabled, with_cache
+
 MIN_SHARED = 16  # shorter common prefixes are not worth a second pass
 
 
@@ -42,8 +44,7 @@ def _can_share(model: torch.nn.Module, grad: bool | None = None, training: bool 
 
     grad = torch.is_grad_enabled() if grad is None else grad
     training = model.training if training is None else training
-    checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
-    if training and checkpointing:
+    if training and checkpointing_enabled(model):
         return False
     return not (grad and any(isinstance(m, FSDPModule) for m in model.modules()))
 
@@ -68,7 +69,7 @@ def _prefix_cache(model, prefix: torch.Tensor, batch: int, head: bool = True):
     ``head=False``: ``model`` is a decoder body (no lm_head, no ``logits_to_keep``)."""
     extra = {"logits_to_keep": 1} if head else {}
     out = model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, **extra)
-    cache = getattr(out, "past_key_values", None)
+    cache = cache_of(out)
     if cache is None or not hasattr(cache, "batch_repeat_interleave"):
         return None
     cache.batch_repeat_interleave(batch)
@@ -101,7 +102,7 @@ def _forward_at(model, input_ids, attention_mask, positions, pick, kwargs, head=
         if cache is not None:
             position_ids = torch.arange(shared, width, device=input_ids.device).expand(batch, -1)
             out = model(input_ids=input_ids[:, shared:], attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=cache, use_cache=True, **kwargs(positions - shared))
+                        **with_cache(cache), use_cache=True, **kwargs(positions - shared))
             return pick(out, positions - shared)
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs(positions))
     return pick(out, positions)
@@ -158,6 +159,6 @@ def prefill(model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_id: in
         ids[row, width - len(rest):] = torch.tensor(rest, dtype=torch.long, device=device)
         mask[row, shared + width - len(rest):] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache(cache), use_cache=True,
                 logits_to_keep=1)
-    return out.logits[:, -1, :], out.past_key_values, mask, positions[:, -1:]
+    return out.logits[:, -1, :], cache_of(out), mask, positions[:, -1:]

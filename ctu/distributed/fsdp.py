@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from ctu.engines.hf_api import checkpointing_enabled, enable_checkpointing
 from ctu.engines.precision import COMPUTE_DEVICE_ATTR, COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR
 from ctu.train.policy import Policy
 from ctu.train.weights import hf_name, lora_modules
@@ -123,8 +124,8 @@ def shard_policy(policy: Policy, mesh_or_group=None, compute_dtype: torch.dtype 
                               reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
     base = policy.model.get_base_model() if policy.lora else policy.model
-    if getattr(base, "is_gradient_checkpointing", False):
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if checkpointing_enabled(base):
+        enable_checkpointing(base, use_reentrant=False)
     _shard(policy.model, mesh, mp, offload)
     if policy.reference is not None:
         _shard(policy.reference, mesh, mp, offload)

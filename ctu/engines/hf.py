@@ -22,6 +22,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from ctu.engines import kv_reuse as kvr
 from ctu.engines.base import Completion, Engine, SamplingParams
+from ctu.engines.hf_api import cache_of, with_cache
 from ctu.engines.precision import compute_context
 from ctu.shared_prefix import prefill
 
@@ -175,9 +176,9 @@ class HFEngine(Engine):
             batch = kvr.plan(self.kv_store, prompts, self._prefix_kv)
             ids, mask, positions, cache = kvr.assemble(batch, self.pad_id, self.device,
                                                        lambda layers: DynamicCache(ddp_cache_data=layers))
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache(cache),
                              use_cache=True, logits_to_keep=1)
-            logits, past, positions = out.logits[:, -1, :], out.past_key_values, positions[:, -1:]
+            logits, past, positions = out.logits[:, -1, :], cache_of(out), positions[:, -1:]
         else:
             logits, past, mask, positions = prefill(self.model, prompts, self.pad_id)
         device = mask.device
@@ -214,8 +215,8 @@ class HFEngine(Engine):
             for row, tok in zip(live, tokens.tolist(), strict=True):
                 fed[row].append(tok)
             outputs = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
-                                 past_key_values=past, use_cache=True)
-            past = outputs.past_key_values
+                                 **with_cache(past), use_cache=True)
+            past = cache_of(outputs)
             logits = outputs.logits[:, -1, :]
         if batch is not None:
             for j, row in enumerate(live):
@@ -226,7 +227,7 @@ class HFEngine(Engine):
         """The KV of a shared prefix (batch 1), or None when the model's cache cannot be reused (sliding windows)."""
         prefix = torch.tensor([list(ids)], device=self.device)
         out = self.model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, logits_to_keep=1)
-        layers = _plain_layers(out.past_key_values)
+        layers = _plain_layers(cache_of(out))
         return None if layers is None else kvr.Prefix(tuple(ids), layers)
 
     def _keep(self, batch, row: int, past, mask, j: int, fed, out_ids) -> None:

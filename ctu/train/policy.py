@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ctu.config import Config
+from ctu.engines.hf_api import enable_checkpointing, quiet_peft_wrap
 from ctu.engines.precision import cpu_bf16_support, resolve_autocast
 from ctu.train.logprobs import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR, compute_context, token_logprobs
 from ctu.train.weights import absorb_lora, export, hf_name, merged_named_tensors
@@ -140,7 +141,7 @@ def build_policy(config: Config, device: str | None = None) -> Policy:
     setattr(model, TRAIN_DTYPE_ATTR, train_dtype)  # None: the trainer computes as the engine
     tokenizer = load_tokenizer(config.model.path)
     if config.trainer.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_checkpointing(model)
         model.config.use_cache = False
     if config.lora.enabled:
         from peft import LoraConfig, get_peft_model
@@ -149,9 +150,10 @@ def build_policy(config: Config, device: str | None = None) -> Policy:
         targets = [t for t in config.lora.target_modules if t in present]
         if not targets:
             raise ValueError(f"lora.target_modules {config.lora.target_modules} match no module of {config.model.path}")
-        model = get_peft_model(model, LoraConfig(r=config.lora.rank, lora_alpha=config.lora.alpha,
-                                                 lora_dropout=config.lora.dropout, target_modules=targets,
-                                                 task_type="CAUSAL_LM"))
+        with quiet_peft_wrap():
+            model = get_peft_model(model, LoraConfig(r=config.lora.rank, lora_alpha=config.lora.alpha,
+                                                     lora_dropout=config.lora.dropout, target_modules=targets,
+                                                     task_type="CAUSAL_LM"))
         if config.trainer.gradient_checkpointing:
             model.enable_input_require_grads()
         for p in model.parameters():  # fp32 master adapters (peft's default; made explicit)

@@ -54,6 +54,7 @@ import os
 
 import torch
 
+from ctu.engines.hf_api import cache_of, with_cache
 from tests.fakes.fake_vllm_types import (  # noqa: F401 - re-exported: ``import vllm`` finds them here
     CompletionOutput,
     Logprob,
@@ -307,8 +308,8 @@ class LLM:
             self.cache_hits += hit
         start = hit * BLOCK_SIZE
         out = self.hf(input_ids=torch.tensor([prompt[start:]]), position_ids=torch.arange(start, len(prompt))[None],
-                      past_key_values=cache, use_cache=True)
-        return out.logits[0, -1].float(), out.past_key_values
+                      **with_cache(cache), use_cache=True)
+        return out.logits[0, -1].float(), cache_of(out)
 
     def _store_blocks(self, ids: list[int], cache, extra: tuple) -> None:
         layers = _kv_layers(cache)
@@ -359,9 +360,9 @@ class LLM:
             if len(ids) == limit:
                 break
             pos = len(prompt) + len(ids) - 1
-            out = self.hf(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]), past_key_values=cache,
+            out = self.hf(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]), **with_cache(cache),
                           use_cache=True)
-            cache, logits = out.past_key_values, out.logits[0, -1].float()
+            cache, logits = cache_of(out), out.logits[0, -1].float()
         self._store_blocks(prompt + ids[:-1], cache, extra)  # the last token's KV was never computed
         return ids, lps, reason
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from ctu.engines.base import SamplingParams
 from ctu.engines.hf import HFEngine
+from ctu.engines.hf_api import disable_checkpointing, enable_checkpointing
 from ctu.shared_prefix import MIN_SHARED, common_prefix_length
 from ctu.train.policy import token_logprobs
 
@@ -108,7 +109,7 @@ def test_identical_rows_score_every_needed_position(model):
 
 def test_gradient_checkpointing_falls_back_to_a_plain_pass(model):
     ids, attn, needed = batch(40, [3, 6])
-    model.gradient_checkpointing_enable()
+    enable_checkpointing(model)
     model.train()
     try:
         out, _ = token_logprobs(model, ids, attn, needed=needed)
@@ -117,7 +118,7 @@ def test_gradient_checkpointing_falls_back_to_a_plain_pass(model):
             ref = plain_logprobs(model, ids, attn)
         assert_close(out * needed, ref * needed)
     finally:
-        model.gradient_checkpointing_disable()
+        disable_checkpointing(model)
         model.eval()
 
 

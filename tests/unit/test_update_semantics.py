@@ -238,12 +238,13 @@ def test_a_shared_prompt_is_counted_once_when_packing_and_the_update_is_the_same
 
 
 def test_packing_shares_nothing_where_the_pass_cannot_share():
+    from ctu.engines.hf_api import enable_checkpointing
     from ctu.train.update import pack
 
     batch = prompt_shared_samples()
     cfg = load_config(None, ["model.path=tiny-random"])
     policy = build_policy(cfg, device="cpu")
-    policy.model.gradient_checkpointing_enable()
+    enable_checkpointing(policy.model)
     plain = [len(b) for b in pack(policy.model, batch, 160, grad=True, training=True, share=True)]
     assert max(plain) <= 2  # checkpointed gradient passes run every row whole
     assert len(pack(policy.model, batch, 160, grad=False, training=False, share=True)) <= 2  # scoring still shares
