@@ -1,4 +1,4 @@
-"""Presets that start: every GPU command README.md and the presets' headers give passes config validation and the
+"""Presets that start: every GPU command README.md, docs/ and the presets' headers give passes config validation and the
 memory plan on the hardware it is for; ``ctu train`` plans the GPUs a run uses, not every GPU it can see."""
 
 import re
@@ -16,7 +16,7 @@ GPU_PRESETS = sorted(p.name for p in CONFIGS.glob("qwen*.yaml"))
 
 
 def commands(text: str, comment: bool = False) -> list[list[str]]:
-    """``ctu train|plan configs/qwen...`` commands in ``text`` (README code blocks, or ``# command:`` header
+    """``ctu train|plan configs/qwen...`` commands in ``text`` (README and docs code blocks, or ``# command:`` header
     lines), continuation lines joined, as argument lists without the leading ``ctu``."""
     if comment:
         text = "\n".join(ln.split("command:", 1)[1] for ln in text.splitlines() if ln.startswith("# command:"))
@@ -31,8 +31,12 @@ def named_memory(preset: str) -> float:
     return float(found.group(1))
 
 
+def docs_text() -> str:
+    return "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+
+
 def all_commands() -> list[list[str]]:
-    out = commands((ROOT / "README.md").read_text())
+    out = commands(docs_text())
     for preset in GPU_PRESETS:
         out += commands((CONFIGS / preset).read_text(), comment=True)
     return out
@@ -54,7 +58,7 @@ def split(args: list[str]) -> tuple[str, list[str], int | None, float | None]:
 
 def test_readme_and_every_gpu_preset_give_commands():
     found = {split(c)[0] for c in all_commands()}
-    assert len(commands((ROOT / "README.md").read_text())) >= 4
+    assert len(commands(docs_text())) >= 4
     assert set(GPU_PRESETS) <= found, f"presets without a command: {set(GPU_PRESETS) - found}"
 
 
