@@ -35,10 +35,11 @@ AGENT_INSTRUCTION = (
 TERMINATIONS = ("user_stop", "agent_stop", "max_turns", "too_many_errors", "user_error")
 
 
-def system_prompt(domain: Domain) -> str:
-    """The agent's system prompt, as tau2's LLM agent writes it (with the domain's own instruction if it has one)."""
+def system_prompt(domain: Domain, task: Task | None = None) -> str:
+    """The agent's system prompt, as tau2's LLM agent writes it (with the domain's own instruction if it has one;
+    the task's own policy where the domain builds one per task)."""
     instruction = domain.agent_instruction or AGENT_INSTRUCTION
-    return f"<instructions>\n{instruction}\n</instructions>\n<policy>\n{domain.policy}\n</policy>"
+    return f"<instructions>\n{instruction}\n</instructions>\n<policy>\n{domain.policy_for(task)}\n</policy>"
 
 
 @dataclass(frozen=True)
@@ -86,14 +87,15 @@ class Episode:
         self.error: str | None = None
         self.timings = {"env": 0.0, "user": 0.0}  # seconds spent running tools / waiting for the user
         self._call_counter = 0
-        if domain.user_tools:
-            user.bind_tools(UserToolbox(domain.openai_user_tools(), self._user_act))
+        user_tools = domain.user_tools_for(task)
+        if user_tools:
+            user.bind_tools(UserToolbox([t.openai_schema() for t in user_tools], self._user_act))
 
     # -- lifecycle -----------------------------------------------------------------
     async def reset(self) -> list[dict[str, Any]]:
         """Start the conversation: system prompt, the agent's greeting, the user's first message."""
         self.messages = [
-            {"role": "system", "content": system_prompt(self.domain)},
+            {"role": "system", "content": system_prompt(self.domain, self.task)},
             {"role": "assistant", "content": AGENT_GREETING},
         ]
         await self._ask_user(AGENT_GREETING)
