@@ -20,7 +20,7 @@ def cmd_env_check(args: argparse.Namespace) -> int:
     from ctu.reward import score_transcript
     from ctu.transcripts import gold_transcript
 
-    domain = get_domain(args.domain, args.data_dir)
+    domain = get_domain(args.domain, args.data_dir, args.retrieval_variant)
     tasks = domain.split(args.split)
     failed = 0
     skipped_nl = 0
@@ -77,7 +77,7 @@ def cmd_score(args: argparse.Namespace) -> int:
                 if domain_name is None:
                     raise TranscriptError("no domain: pass --domain or give a 'domain' field")
                 try:
-                    domain = get_domain(domain_name, args.data_dir)
+                    domain = get_domain(domain_name, args.data_dir, args.retrieval_variant)
                     task = domain.task(record.task_id)
                 except KeyError as exc:
                     raise TranscriptError(str(exc.args[0])) from None
@@ -174,7 +174,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     if args.model:
         args.overrides = [*args.overrides, f"model.path={args.model}"]
     config = _load(args)
-    domain = get_domain(args.domain, config.env.tau2_data_dir)
+    domain = get_domain(args.domain, config.env.tau2_data_dir, config.env.retrieval_variant)
     try:
         task = domain.task(args.task)
     except KeyError as exc:
@@ -232,6 +232,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+RETRIEVAL_HELP = ("banking_knowledge's knowledge-base access: no_knowledge, full_kb, golden_retrieval, grep_only, "
+                  "bm25 (default), bm25_grep")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctu", description="Train and evaluate tool-using agents with RL.")
     parser.add_argument("--debug", action="store_true",
@@ -246,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("domain", choices=DOMAINS)
     check.add_argument("--split", default="all", help="task split to check (default: all)")
     check.add_argument("--data-dir", default=None, help="tau2 data directory (default: installed packages)")
+    check.add_argument("--retrieval-variant", default="bm25", help=RETRIEVAL_HELP)
     check.set_defaults(func=cmd_env_check)
 
     score = sub.add_parser("score", help="score recorded transcripts (JSONL)",
@@ -255,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--domain", choices=DOMAINS, default=None, help="domain (a per-line 'domain' field wins)")
     score.add_argument("--json", action="store_true", help="one JSON result per input line")
     score.add_argument("--data-dir", default=None, help="tau2 data directory (default: installed packages)")
+    score.add_argument("--retrieval-variant", default="bm25", help=RETRIEVAL_HELP)
     score.set_defaults(func=cmd_score)
 
     ev = sub.add_parser("eval", help="evaluate a model: pass^k, pass@k, reports",

@@ -12,7 +12,7 @@ from ctu.users.base import UserSimulator
 def build_domains(config: Config) -> list[Domain]:
     """The configured domains; ``env.tasks.<name>`` replaces a domain's tasks (and splits, from the
     ``split_tasks.json`` beside the file) with a tau2 tasks file, e.g. one written by ``ctu data import``."""
-    domains = [get_domain(name, config.env.tau2_data_dir) for name in config.env.domains]
+    domains = [get_domain(name, config.env.tau2_data_dir, config.env.retrieval_variant) for name in config.env.domains]
     if not config.env.tasks:
         return domains
     import dataclasses

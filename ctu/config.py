@@ -90,6 +90,9 @@ class EnvConfig:
     # sampling weight of training tasks by their description: "field" (truthy) or "field=value" -> weight (default 1)
     task_weights: dict[str, float] = field(default_factory=dict)
     tau2_data_dir: str | None = None
+    # banking_knowledge's knowledge-base access, one of tau2's offline variants: no_knowledge, full_kb,
+    # golden_retrieval, grep_only, bm25 (KB_search), bm25_grep (KB_search and grep)
+    retrieval_variant: str = "bm25"
     tasks: dict[str, str] = field(default_factory=dict)  # domain -> a tau2 tasks.json replacing its tasks (ctu data import)
     max_turns: int = 12
     max_errors: int = 5

@@ -29,6 +29,13 @@ def config_problems(config: Config) -> list[str]:
                             "or 'package.module:function')")
     if not config.env.domains:
         problems.append("env.domains: at least one domain is needed")
+    if "banking_knowledge" in config.env.domains:
+        from ctu.domains.banking_knowledge.retrieval import resolve_variant
+
+        try:
+            resolve_variant(config.env.retrieval_variant)
+        except ValueError as exc:
+            problems.append(f"env.retrieval_variant: {exc}")
     for name, path in config.env.tasks.items():
         if name not in config.env.domains:
             problems.append(f"env.tasks.{name}: not one of env.domains")

@@ -189,3 +189,15 @@ def test_bm25_scores_equal_the_document_by_document_formula(corpus, query):
 def test_bm25_top_keeps_document_order_on_ties():
     index = BM25Okapi([["x"], ["y"], ["x"], ["z"], ["w"]])
     assert [i for i, _ in index.top(["x"], 3)] == [0, 2, 1]
+
+
+def test_a_discoverable_tool_called_by_name_runs_unlisted_and_unlocked(bank):
+    """tau2's toolkits run a discoverable tool called directly (the oracle found it): no unlock, no log entry, and
+    the tool is in no schema the agent or the user is given."""
+    db = bank.new_db()
+    direct = call(bank, db, "freeze_debit_card_3892", card_id="dbc_x")
+    assert (direct.content, direct.error) == ("Error: Debit card 'dbc_x' not found.", False)
+    assert "freeze_debit_card_3892" not in [t["function"]["name"] for t in bank.openai_tools()]
+    by_user = call(bank, db, "deposit_check_3847", "user", account_id="x", check_amount=5)
+    assert by_user.content.startswith("Error: Tool 'deposit_check_3847' has not been given to you by the agent.")
+    assert list(db.keys("agent_discoverable_tools")) == []

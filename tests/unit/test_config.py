@@ -90,3 +90,14 @@ def test_off_reads_as_the_word_in_a_literal_choice(tmp_path):
     assert load_config(write(tmp_path, "trainer:\n  autocast: off\n")).trainer.autocast == "off"
     with pytest.raises(ConfigError, match="engine.kind: must be one of"):
         load_config(None, ["engine.kind=off"])
+
+
+@pytest.mark.parametrize("variant, message", [
+    ("alltools", "env.retrieval_variant: banking_knowledge retrieval variant 'alltools' needs network access"),
+    ("bm26", "env.retrieval_variant: unknown banking_knowledge retrieval variant 'bm26'"),
+])
+def test_banking_knowledge_retrieval_variant_is_one_of_the_offline_ones(variant, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["env.domains=[banking_knowledge]", f"env.retrieval_variant={variant}"])
+    assert message in str(err.value)
+    assert load_config(None, ["env.domains=[banking_knowledge]", "env.retrieval_variant=grep_only"])

@@ -59,6 +59,10 @@ def load(data_dir: str | None = None, retrieval_variant: str | None = None) -> D
     retrieval = ([kb_search_method(kb)] if variant.kb_search else []) + ([grep_method(kb)] if variant.grep else [])
     tools = tuple(as_tool(m) for m in [*retrieval, *(AGENT[name] for name in BASE_TOOLS)])
     user_tools = tuple(as_tool(m) for m in USER.values() if not m.discoverable)
+    # tau2's toolkits also run a discoverable tool called directly by its name (no unlock, no log entry)
+    unlisted = tuple(as_tool(AGENT[name]) for name in DISCOVERABLE_TOOLS)
+    unlisted_user = tuple(as_tool(m) for m in USER.values() if m.discoverable)
     return Domain(name="banking_knowledge", policy=policy, tools=tools, db=read_db(folder), tasks=tasks, splits={},
-                  transfer_tool=None, user_tools=user_tools, prepare=_prepare,
+                  transfer_tool=None, user_tools=user_tools, prepare=_prepare, unlisted_tools=unlisted,
+                  unlisted_user_tools=unlisted_user,
                   task_policy=None if task_policy is None else (lambda task: task_policy(task.id)))

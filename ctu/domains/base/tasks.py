@@ -148,6 +148,10 @@ class Domain:
     # data is refused
     prepare: Callable[[Task, DBView], None] | None = None
     task_policy: Callable[[Task], str] | None = None  # a policy that depends on the task (else ``policy``)
+    # tools that run when called by name but are not offered in the schemas (tau2's discoverable tools: its
+    # toolkit runs them when called directly, by the agent or by the user)
+    unlisted_tools: tuple[Tool, ...] = ()
+    unlisted_user_tools: tuple[Tool, ...] = ()
 
     def policy_for(self, task: Task | None) -> str:
         """The policy the agent is given for ``task`` (the domain's own unless it builds one per task)."""
@@ -177,7 +181,7 @@ class Domain:
     def _by_name(self) -> dict[str, Tool]:
         cache = self.__dict__.get("_tool_index")
         if cache is None:
-            cache = {t.name: t for t in self.tools}
+            cache = {t.name: t for t in (*self.unlisted_tools, *self.tools)}
             object.__setattr__(self, "_tool_index", cache)
         return cache
 
@@ -203,7 +207,7 @@ class Domain:
         return [t.openai_schema() for t in self.tools]
 
     def user_tool(self, name: str) -> Tool | None:
-        return next((t for t in self.user_tools if t.name == name), None)
+        return next((t for t in (*self.user_tools, *self.unlisted_user_tools) if t.name == name), None)
 
     def openai_user_tools(self) -> list[dict[str, Any]]:
         return [t.openai_schema() for t in self.user_tools]
