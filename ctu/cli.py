@@ -217,9 +217,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise SystemExit(f"ctu: error: --gpus: must be >= 1, got {args.gpus}")
     if not math.isfinite(args.gpu_memory) or args.gpu_memory <= 0:
         raise SystemExit(f"ctu: error: --gpu-memory: must be a finite number of GiB > 0, got {args.gpu_memory:g}")
-    result = plan(_load(args), args.gpus, args.gpu_memory)
+    config = _load(args)
+    result = plan(config, args.gpus, args.gpu_memory)
+    result.notes += _prompt_notes(config)
     print(result.render())
     return 0 if result.fits else 1
+
+
+def _prompt_notes(config) -> list[str]:
+    """How much of the context each domain's prompt takes (with the model's tokenizer); a note if unmeasurable."""
+    from ctu import components as build
+    from ctu.rollout import prompt_notes
+
+    try:
+        return prompt_notes(build.build_chat(config), build.build_domains(config), config.env.max_context_tokens)
+    except Exception as exc:  # the memory plan stands without it (no tokenizer or data here)
+        return [f"prompt sizes not measured: {_one_line(str(exc))}"]
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -85,12 +85,35 @@ class RolloutLimits:
     max_context_tokens: int = 4096
 
 
+def prompt_tokens(chat: ChatFormat, domain: Domain) -> list[int]:
+    """Tokens of the system prompt and tool schemas an episode starts with: one count, or one per task where the
+    policy depends on the task (banking_knowledge's golden_retrieval)."""
+    tools = domain.openai_tools()
+    tasks = domain.tasks if domain.task_policy is not None else (None,)
+    return [len(chat.prompt_ids([{"role": "system", "content": system_prompt(domain, t)}], tools)) for t in tasks]
+
+
+def prompt_notes(chat: ChatFormat, domains: Sequence[Domain], max_context_tokens: int) -> list[str]:
+    """One line per domain: how much of ``max_context_tokens`` its system prompt and tools take (``ctu plan``)."""
+    out = []
+    for domain in domains:
+        sizes = prompt_tokens(chat, domain)
+        size = f"{sizes[0]:,}" if len(sizes) == 1 else f"{min(sizes):,} to {max(sizes):,} (per task)"
+        line = f"domain {domain.name}: system prompt and tools {size} tokens of env.max_context_tokens={max_context_tokens:,}"
+        if domain.tool("KB_search") is not None:
+            line += "; each KB_search answer (10 whole documents) adds about 5,000 more"
+        if max(sizes) >= max_context_tokens:
+            line += ": episodes end at turn 0 and score 0"
+        out.append(line)
+    return out
+
+
 def prompt_budget_warnings(chat: ChatFormat, domains: Sequence[Domain], max_context_tokens: int) -> list[str]:
     """One line per domain whose system prompt and tools alone fill ``max_context_tokens``: its episodes would
     end at turn 0 (stop reason ``context``) and score 0."""
     out = []
     for domain in domains:
-        tokens = len(chat.prompt_ids([{"role": "system", "content": system_prompt(domain)}], domain.openai_tools()))
+        tokens = max(prompt_tokens(chat, domain))
         if tokens >= max_context_tokens:
             out.append(f"domain {domain.name}: the system prompt and tools are {tokens} tokens, at or over "
                        f"env.max_context_tokens={max_context_tokens}: every episode ends at turn 0 and scores 0; "

@@ -26,3 +26,18 @@ def test_eval_warns_once_before_scoring_everything_zero(tmp_path, capsys):
     assert len(warnings) == 1 and warnings[0].startswith("ctu: warning: domain telecom: the system prompt and tools "
                                                          "are ") and "env.max_context_tokens=1024" in warnings[0]
     assert "telecom: success 0.000 over 3 episodes" in captured.out
+
+
+def test_plan_notes_size_each_domains_prompt_per_task_where_it_depends_on_the_task(chat_format, tau2_bench_data):
+    from ctu.domains.banking_knowledge import load
+    from ctu.rollout import prompt_notes, prompt_tokens
+
+    golden, full = load(tau2_bench_data, "golden_retrieval"), load(tau2_bench_data, "full_kb")
+    sizes = prompt_tokens(chat_format, golden)
+    assert len(sizes) == 97 and max(sizes) > 2 * min(sizes)  # each task inlines its own documents
+    [note] = prompt_notes(chat_format, [golden], 65536)
+    assert note == (f"domain banking_knowledge: system prompt and tools {min(sizes):,} to {max(sizes):,} (per task) "
+                    "tokens of env.max_context_tokens=65,536")
+    [note] = prompt_notes(chat_format, [full], 32768)
+    assert note.endswith("tokens of env.max_context_tokens=32,768: episodes end at turn 0 and score 0")
+    assert prompt_budget_warnings(chat_format, [golden], max(sizes))  # the largest task's prompt is the one checked
