@@ -51,9 +51,9 @@ def gold_conversation(domain: Domain, task: Task) -> Conversation:
     episode = Episode(domain, task, user.start(domain, task), max_turns=len(task.actions) + 2)
     asyncio.run(episode.reset())
     for turn in [*gold_turns(task), AgentTurn(content=domain.closing_line(task))]:
-        asyncio.run(episode.step(turn))
-        if episode.done:
+        if episode.done:  # the user may end the call at any reply, its first included
             break
+        asyncio.run(episode.step(turn))
     return Conversation(untrained_prefix(episode.messages), domain.openai_tools(), domain.name, task.id,
                         episode.termination)
 

@@ -9,8 +9,8 @@ makes a statement (no question), and in any case stops after ``patience`` replie
 
 Dual control (telecom): when the agent's message names one of the user's tools (``toggle_roaming``
 or "toggle roaming"), the user performs it before replying — with the task's gold arguments when it
-is one of the task's user-side gold actions (all of that tool's pending gold calls), with no
-arguments when the tool takes none — and replies with what the phone showed.
+is one of the task's user-side gold actions (the first pending run of that tool's consecutive gold calls),
+with no arguments when the tool takes none — and replies with what the phone showed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from ctu.domains.base import Domain, Task
-from ctu.users.base import STOP, UserSession, UserSimulator
+from ctu.users.base import STOP, STOP_TOKENS, UserSession, UserSimulator
 
 _CONFIRM = re.compile(r"\b(confirm|proceed|yes or no|shall i|should i|would you like me to|do you want me to)\b", re.I)
 
@@ -37,12 +37,31 @@ def scenario_text(scenario: dict[str, Any]) -> tuple[str, str]:
 
 
 def _first_person(text: str) -> str:
-    """Turn scenario prose ("You want to ...", "Your user id is ...") into the user's voice."""
+    """Turn scenario prose ("You want to ...", "Your user id is ...") into the user's voice, without the stop
+    tokens instructions may quote (banking_knowledge: "end the conversation with ###STOP###"): read out, they
+    would end the call."""
     swaps = [(r"\bYou are\b", "I am"), (r"\byou are\b", "I am"), (r"\bYour\b", "My"), (r"\byour\b", "my"),
              (r"\bYou\b", "I"), (r"\byou\b", "I"), (r"\byourself\b", "myself")]
     for pattern, repl in swaps:
         text = re.sub(pattern, repl, text)
+    for token in STOP_TOKENS:
+        text = text.replace(token, "")
     return " ".join(text.split())
+
+
+def _user_runs(task: Task) -> list[list]:
+    """The task's user-side gold actions in runs: consecutive gold actions of one user tool (banking_knowledge's
+    four transfer requests come as two runs of two, with the agent's actions between them)."""
+    runs: list[list] = []
+    previous = None
+    for action in task.actions:
+        if action.requestor == "user":
+            if previous is not None and previous.requestor == "user" and previous.name == action.name:
+                runs[-1].append(action)
+            else:
+                runs.append([action])
+        previous = action
+    return runs
 
 
 class ScriptedSession(UserSession):
@@ -54,7 +73,7 @@ class ScriptedSession(UserSession):
         self._known = _first_person(known) or self._opening
         self._patience = patience
         self._replies = 0
-        self._pending = [a for a in task.actions if a.requestor == "user"]  # user-side gold actions not yet done
+        self._pending = _user_runs(task)  # user-side gold actions not yet done, in runs
 
     async def reply(self, agent_message: str) -> str:
         self._replies += 1
@@ -97,10 +116,10 @@ class ScriptedSession(UserSession):
                     for s in self.toolbox.schemas}
         calls: list[tuple[str, Any]] = []
         for name in self._requested(agent_message):
-            gold = [a for a in self._pending if a.name == name]
-            if gold:
-                self._pending = [a for a in self._pending if a.name != name]
-                calls += [(name, dict(a.arguments)) for a in gold]
+            run = next((r for r in self._pending if r[0].name == name), None)
+            if run is not None:
+                self._pending.remove(run)
+                calls += [(name, dict(a.arguments)) for a in run]
             elif not required.get(name):
                 calls.append((name, {}))
         if not calls:
