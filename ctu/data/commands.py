@@ -21,13 +21,13 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise DataError("parquet holds tasks (prompts), not conversations: export it with --domain")
         from ctu.data.conversations import successful_conversations
 
-        known = {d.name: d for d in (get_domain(spec, args.data_dir) for spec in args.domain_spec)}
+        known = {d.name: d for d in (get_domain(spec, args.data_dir, args.retrieval_variant) for spec in args.domain_spec)}
 
         def domain_of(name: str):
             if name in known:
                 return known[name]
             try:
-                return get_domain(name, args.data_dir)
+                return get_domain(name, args.data_dir, args.retrieval_variant)
             except KeyError:
                 raise KeyError(f"domain '{name}' is not built in; name it with --domain-spec package.module:function"
                                ) from None
@@ -35,7 +35,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         conversations, total = successful_conversations(args.trajectories, domain_of, args.min_reward)
         what = f"{len(conversations)} of {total} episodes (reward >= {args.min_reward}) of {args.trajectories}"
     else:
-        domain = get_domain(args.domain, args.data_dir)
+        domain = get_domain(args.domain, args.data_dir, args.retrieval_variant)
         tasks = domain.split(args.split)
         if args.format == "parquet":
             from ctu.data.prompts import task_rows, write_prompts
@@ -99,6 +99,8 @@ def add_parser(sub) -> list[argparse.ArgumentParser]:
     export.add_argument("--name", default=None, help="sharegpt: the dataset's name in dataset_info.json "
                                                      "(default: the file's stem)")
     export.add_argument("--data-dir", default=None, help="tau2 data directory (default: installed packages)")
+    export.add_argument("--retrieval-variant", default="bm25",
+                        help="banking_knowledge's knowledge-base access (default bm25; see `ctu env check --help`)")
     export.set_defaults(func=cmd_export)
     imp = data_sub.add_parser(
         "import", help="read a parquet prompt dataset of tau2 tasks back into tasks.json",

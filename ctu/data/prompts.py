@@ -46,6 +46,8 @@ def task_to_tau2(task: Task) -> dict[str, Any]:
     raw: dict[str, Any] = {"id": task.id, "description": task.description, "user_scenario": task.user_scenario}
     if task.initial_state:  # telecom: the phone's broken state the episode starts from
         raw["initial_state"] = task.initial_state
+    if task.user_tools is not None:  # banking_knowledge: the user tools the user is given
+        raw["user_tools"] = list(task.user_tools)
     if not task.has_criteria:
         raw["evaluation_criteria"] = None
         return raw

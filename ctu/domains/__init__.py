@@ -14,13 +14,18 @@ from ctu.domains.base import Domain
 DOMAINS = ("mini", "retail", "airline", "telecom", "banking_knowledge")
 
 
-@functools.cache
 def get_domain(name: str, data_dir: str | None = None, retrieval_variant: str | None = None) -> Domain:
     """Load a domain by name or ``module:function`` (cached: the base DB is shared read-only by all episodes).
 
     ``retrieval_variant`` (config key ``env.retrieval_variant``) picks banking_knowledge's knowledge-base access
-    (default ``bm25``); other domains have none and ignore it.
+    (default ``bm25``); other domains have none and ignore it (one cached domain whatever it says).
     """
+    variant = (retrieval_variant or "bm25") if name == "banking_knowledge" else None
+    return _load_domain(name, data_dir, variant)
+
+
+@functools.cache
+def _load_domain(name: str, data_dir: str | None, retrieval_variant: str | None) -> Domain:
     if ":" in name:
         return _load_custom(name, data_dir)
     if name not in DOMAINS:
@@ -29,6 +34,9 @@ def get_domain(name: str, data_dir: str | None = None, retrieval_variant: str | 
     if name == "banking_knowledge":
         return module.load(data_dir, retrieval_variant)
     return module.load(data_dir)
+
+
+get_domain.cache_clear = _load_domain.cache_clear  # type: ignore[attr-defined]
 
 
 def _load_custom(spec: str, data_dir: str | None) -> Domain:

@@ -175,3 +175,28 @@ def test_a_run_records_every_evaluation_and_shows_them(tmp_path, capsys):
     assert (run_dir / "curves.png").stat().st_size > 10_000
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
+
+
+def test_banking_knowledge_gold_demonstrations_and_tasks_export(tmp_path, capsys, tau2_bench_data):
+    """SFT data: 97 gold demonstrations (the scripted user runs its own gold calls), each scoring 1.0 again; and the
+    tasks as a parquet prompt dataset with their initial state and user tools."""
+    from ctu.data.prompts import read_prompts
+    from ctu.data.sft import read_conversations
+    from ctu.domains import get_domain
+    from ctu.reward import score_transcript
+
+    out = tmp_path / "bank.jsonl"
+    assert main(["data", "export", "--domain", "banking_knowledge", "--split", "all", "--format", "openai",
+                 "--data-dir", tau2_bench_data, "--out", str(out)]) == 0
+    assert "wrote 97 gold demonstrations of banking_knowledge (split all)" in capsys.readouterr().out
+    bank = get_domain("banking_knowledge", tau2_bench_data)
+    conversations = read_conversations(out)
+    assert len(conversations) == 97 and [t["function"]["name"] for t in conversations[0].tools][0] == "KB_search"
+    for conversation in conversations:
+        task = bank.task(conversation.task_id)
+        messages = [m for m in conversation.messages if m["role"] != "system"]
+        assert score_transcript(bank, task, messages, conversation.termination or "user_stop").reward == 1.0, task.id
+    assert main(["data", "export", "--domain", "banking_knowledge", "--split", "all", "--format", "parquet",
+                 "--data-dir", tau2_bench_data, "--out", str(tmp_path / "bank.parquet")]) == 0
+    tasks = read_prompts(tmp_path / "bank.parquet")["banking_knowledge"]["tasks"]
+    assert tasks == list(bank.tasks)

@@ -55,7 +55,9 @@ def test_unusual_tasks_survive_the_round_trip():
     empty_actions = Task("c", {}, actions=(), reward_basis=("DB", "ACTION"))
     compare = Task("d", {}, actions=(Action("f", {"x": 1, "y": 2}, "user", "d-0", ("x",)),),
                    nl_assertions=("said hi",), description={"purpose": "p"})
-    for task in (no_criteria, db_unchecked, empty_actions, compare):
+    restricted = Task("e", {}, user_tools=("apply_for_credit_card",))  # banking_knowledge: the user's own tools
+    no_user_tools = Task("f", {}, user_tools=())
+    for task in (no_criteria, db_unchecked, empty_actions, compare, restricted, no_user_tools):
         assert Task.from_tau2(json.loads(json.dumps(task_to_tau2(task)))) == task
     assert not db_unchecked.checks_db and empty_actions.checks_db and not no_criteria.has_criteria
 
