@@ -15,6 +15,7 @@ with no arguments when the tool takes none — and replies with what the phone s
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -36,6 +37,7 @@ def scenario_text(scenario: dict[str, Any]) -> tuple[str, str]:
     return "", ""
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of long scenario texts, asked again every episode
 def _first_person(text: str) -> str:
     """Turn scenario prose ("You want to ...", "Your user id is ...") into the user's voice, without the stop
     tokens instructions may quote (banking_knowledge: "end the conversation with ###STOP###"): read out, they

@@ -201,3 +201,14 @@ def test_a_discoverable_tool_called_by_name_runs_unlisted_and_unlocked(bank):
     by_user = call(bank, db, "deposit_check_3847", "user", account_id="x", check_amount=5)
     assert by_user.content.startswith("Error: Tool 'deposit_check_3847' has not been given to you by the agent.")
     assert list(db.keys("agent_discoverable_tools")) == []
+
+
+def test_the_throughput_benchmarks_episodes_search_and_solve_their_tasks(bank):
+    """benchmarks/env_throughput.py's banking episodes: two KB_search calls, the gold turns, reward 1.0."""
+    import asyncio
+
+    from benchmarks.env_throughput import queries, run_episodes
+
+    tasks = [t for t in bank.tasks if not t.nl_assertions][:4]
+    assert all(len(q.split()) == 12 for q in queries(tasks[0], 2))
+    assert asyncio.run(run_episodes(bank, tasks, 4, 4, searches=2)) == 4

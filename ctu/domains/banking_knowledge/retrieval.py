@@ -12,13 +12,14 @@ top 10 (ties in document order) equal tau2's. Documents are in tau2's order: the
 
 from __future__ import annotations
 
-import heapq
 import math
 import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from ctu.domains.banking_knowledge.toolkit import Method
 
@@ -70,10 +71,15 @@ def resolve_variant(name: str) -> Variant:
 
 
 class BM25Okapi:
-    """Okapi BM25 over tokenized documents, computed as rank_bm25 computes it (see the module docstring)."""
+    """Okapi BM25 over tokenized documents, computed as rank_bm25 computes it (see the module docstring).
+
+    Each (term, document) weight ``idf * (tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)))`` is the float
+    rank_bm25 adds for that pair; it is computed once, here. A query adds its terms' weights in query order, so
+    every score is the same sum of the same floats (a document without the term gains rank_bm25's exact 0).
+    """
 
     def __init__(self, corpus: Sequence[Sequence[str]], k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25):
-        self.k1, self.b, self.size = k1, b, len(corpus)
+        self.size = len(corpus)
         postings: dict[str, list[tuple[int, int]]] = {}
         total = 0
         for index, tokens in enumerate(corpus):
@@ -83,9 +89,8 @@ class BM25Okapi:
                 counts[token] = counts.get(token, 0) + 1
             for token, count in counts.items():
                 postings.setdefault(token, []).append((index, count))
-        self.postings = postings
         avgdl = total / self.size
-        self.norm = [k1 * (1 - b + b * len(tokens) / avgdl) for tokens in corpus]
+        norm = [k1 * (1 - b + b * len(tokens) / avgdl) for tokens in corpus]
         self.idf: dict[str, float] = {}
         idf_sum = 0.0
         negative = []
@@ -98,23 +103,30 @@ class BM25Okapi:
         floor = epsilon * (idf_sum / len(self.idf))
         for token in negative:
             self.idf[token] = floor
+        self.weights: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for token, docs in postings.items():
+            idf = self.idf[token]
+            if idf:  # rank_bm25 adds idf 0 as 0: nothing
+                weights = [idf * (count * (k1 + 1) / (count + norm[i])) for i, count in docs]
+                self.weights[token] = (np.array([i for i, _ in docs], dtype=np.intp), np.array(weights))
 
-    def scores(self, query: Sequence[str]) -> list[float]:
-        """Every document's score (a document without a query term gains exactly 0 from it)."""
-        out = [0.0] * self.size
+    def _scores(self, query: Sequence[str]) -> np.ndarray:
+        out = np.zeros(self.size)
         for token in query:
-            idf = self.idf.get(token) or 0
-            if not idf:
-                continue
-            for index, count in self.postings[token]:
-                out[index] += idf * (count * (self.k1 + 1) / (count + self.norm[index]))
+            entry = self.weights.get(token)
+            if entry is not None:
+                out[entry[0]] += entry[1]  # a term's documents are distinct: one exact addition each
         return out
 
+    def scores(self, query: Sequence[str]) -> list[float]:
+        """Every document's score."""
+        return self._scores(query).tolist()
+
     def top(self, query: Sequence[str], k: int = TOP_K) -> list[tuple[int, float]]:
-        """The ``k`` best (index, score), best first; equal scores in document order."""
-        scores = self.scores(query)
-        best = heapq.nlargest(min(k, self.size), range(self.size), key=scores.__getitem__)
-        return [(i, scores[i]) for i in best]
+        """The ``k`` best (index, score), best first; equal scores in document order (a stable sort)."""
+        scores = self._scores(query)
+        best = np.argsort(-scores, kind="stable")[:k]
+        return [(int(i), float(scores[i])) for i in best]
 
 
 class KnowledgeBase:

@@ -13,6 +13,7 @@ Each function's docstring is tau2's tool documentation: the description and para
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import types
@@ -174,6 +175,7 @@ def schema(fn: Callable) -> tuple[str, dict[str, Any]]:
     return description or fn.__name__, {"type": "object", "properties": properties, "required": required}
 
 
+@functools.cache  # a docstring never changes: parse it once (callers only read the result)
 def tool_info(fn: Callable) -> dict[str, Any]:
     """tau2's parse of a discoverable tool's docstring: description (the text before ``Args:``) and parameters."""
     doc = inspect.getdoc(fn) or ""
