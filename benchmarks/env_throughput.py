@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import time
 
+from ctu.data.conversations import gold_turns
 from ctu.domains import get_domain
 from ctu.env import AgentTurn, Episode, ToolCall
-from ctu.data.conversations import gold_turns
 from ctu.users.scripted import ScriptedUser
 
 
@@ -88,8 +89,8 @@ def main() -> None:
             from benchmarks import tau2_episodes
 
             for cached in (False, True):
-                tau2_rate, tau2_perfect = tau2_episodes.throughput(args.tau2_episodes, lambda t: queries(t, searches),
-                                                                   cached)
+                tau2_rate, tau2_perfect = tau2_episodes.throughput(
+                    args.tau2_episodes, functools.partial(queries, searches=searches), cached)
                 how = "knowledge base and BM25 index built once" if cached else "as tau2 runs it"
                 print(f"  tau2 1.0.1 ({how}): {tau2_rate:8.2f} episodes/s ({1e3 / tau2_rate:.0f} ms/episode; "
                       f"reward 1.0 on {tau2_perfect}/{args.tau2_episodes}); ctu is {rate / tau2_rate:,.0f}x")
