@@ -106,3 +106,13 @@ def test_diff_is_empty_iff_the_materialized_documents_are_equal(base_table, new_
     right.put("t", key, new_value)
     same = canonical(left.materialize()) == canonical(right.materialize())
     assert (left.diff(right) == []) == same
+
+
+def test_tables_named_with_an_underscore_are_episode_state_outside_the_comparison():
+    """banking_knowledge keeps its unlocked tools in ``_session`` (tau2 keeps them on its toolkit, unhashed)."""
+    base = {"t": {"a": {"v": 1}}}
+    left, right = DBView(base), DBView(base)
+    left.put("_session", "state", {"unlocked": {"x": 1}})
+    assert left.diff(right) == [] and right.diff(left) == []
+    left.edit("t", "a")["v"] = 2
+    assert left.diff(right) == [("t", "a")]
