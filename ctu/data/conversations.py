@@ -9,19 +9,15 @@ the agent was given. The agent's greeting is part of the prompt, not a trained t
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctu.data.jsonfile import DataError, parse_line
 from ctu.domains.base import Domain, Task
 from ctu.env import AgentTurn, Episode, ToolCall
 from ctu.users.scripted import ScriptedUser
-
-
-class DataError(ValueError):
-    """A dataset that cannot be read or written; the message names the file and the line or row."""
 
 
 @dataclass(frozen=True)
@@ -96,10 +92,7 @@ def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 raise DataError(f"{path}:{line_no}: not valid UTF-8") from None
             if not text.strip():
                 continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{line_no}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            row = parse_line(path, line_no, text)
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
             yield line_no, row

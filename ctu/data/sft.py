@@ -18,12 +18,13 @@ no place in sharegpt and is dropped (counted by :func:`write_conversations`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ctu.atomic import atomic_open, atomic_write_text
 from ctu.data.conversations import Conversation, DataError, untrained_prefix
+from ctu.data.jsonfile import TOO_DEEP, records
 from ctu.transcripts import TranscriptError, check_messages
 
 FORMATS = ("openai", "sharegpt")
@@ -126,36 +127,6 @@ def write_conversations(path: str | Path, conversations: Sequence[Conversation],
 
 
 # -- reading ---------------------------------------------------------------------------------------
-def _records(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line, record) of a JSON Lines file or of a JSON array file (each element's starting line)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        line = path.read_bytes()[: exc.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not valid UTF-8") from None
-    if text.lstrip().startswith("["):
-        decoder, pos = json.JSONDecoder(), text.index("[") + 1
-        while True:
-            while pos < len(text) and text[pos] in " \t\r\n,":
-                pos += 1
-            if pos >= len(text):
-                raise DataError(f"{path}:{text.count(chr(10)) + 1}: the JSON array is not closed")
-            if text[pos] == "]":
-                return
-            line = text.count("\n", 0, pos) + 1
-            try:
-                record, pos = decoder.raw_decode(text, pos)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            yield line, record
-    for line, raw in enumerate(text.splitlines(), start=1):
-        if raw.strip():
-            try:
-                yield line, json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{line}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-
-
 def _tools(value: Any) -> list[dict[str, Any]]:
     """OpenAI tool schemas from a list or a JSON string; bare function schemas (glaive style) are wrapped."""
     if value in (None, ""):
@@ -254,7 +225,7 @@ def read_conversations(path: str | Path) -> list[Conversation]:
     if not p.is_file():
         raise DataError(f"{p}: no such file (expected OpenAI chat JSONL or sharegpt)")
     out = []
-    for line, record in _records(p):
+    for line, record in records(p):
         try:
             if not isinstance(record, dict):
                 raise DataError(f"expected a JSON object, got {type(record).__name__}")
@@ -266,6 +237,8 @@ def read_conversations(path: str | Path) -> list[Conversation]:
                 raise DataError("neither 'messages' (OpenAI chat) nor 'conversations' (sharegpt)")
         except DataError as exc:
             raise DataError(f"{p}:{line}: {exc}") from None
+        except RecursionError:  # a value deep enough to parse, too deep to copy or re-encode
+            raise DataError(f"{p}:{line}: {TOO_DEEP}") from None
         conversation.extra["line"] = line
         out.append(conversation)
     if not out:
