@@ -172,12 +172,4 @@ def training_problems(config: Config) -> list[str]:
         out.append("engine.kind: 'remote' cannot be trained: ctu cannot push weights into a remote server, so every "
                    "step after the first would sample from stale weights; use engine.kind=hf or vllm for training "
                    "(remote serves ctu eval)")
-    if config.trainer.sft_data and config.trainer.sft_steps > 0:  # a bad file fails now, not after the first eval
-        from ctu.data.conversations import DataError
-        from ctu.data.sft import read_conversations
-
-        try:
-            read_conversations(config.trainer.sft_data)
-        except DataError as exc:
-            out.append(f"trainer.sft_data: {exc}")
     return out

@@ -27,7 +27,7 @@ from ctu.rollout import EpisodeSpec, Trajectory, warn_prompt_budget
 from ctu.runlock import RunDirLock
 from ctu.tracking import Tracker, eval_phase, record_eval
 from ctu.train.checkpoint import clean_stale, previous_run, resolve_resume
-from ctu.train.demos import demo_tasks, warm_start_samples
+from ctu.train.demos import demo_tasks, prepared_samples, warm_start_samples
 from ctu.train.sync import WeightSync
 from ctu.train.update import release_memory, to_sample
 
@@ -121,13 +121,14 @@ class Trainer:
             raise
 
     def _setup(self, config: Config) -> None:
-        prepare_run_dir(config)
         self.config = config
         self.run_dir = Path(config.run.dir)
         torch.manual_seed(config.run.seed)
         random.seed(config.run.seed)
         preflight(config)  # Ray set-ups that cannot work fail here, before any model is loaded
         self.domains = build.build_domains(config)  # task keys that match nothing fail before the model loads
+        self.demos = prepared_samples(config, self.domains)  # bad warm-start data: before any model or eval
+        prepare_run_dir(config)  # after every check: a refused run leaves run.dir as it was
         self.sampler = TaskSampler(self.domains, [config.env.weights.get(n, 1.0) for n in config.env.domains],
                                    config.run.seed, config.env.task_weights)
         if config.trainer.sft_steps > 0 and config.trainer.sft_data is None:
@@ -290,8 +291,11 @@ class Trainer:
         t = self.config.trainer
         if t.sft_steps <= 0:
             return None
-        demos = (warm_start_samples(self.chat, self.domains, t.sft_data, self.config.env.max_context_tokens,
-                                    exclude=t.sft_exclude) if demos is None else demos)
+        if demos is None:  # the samples prepared before the model loaded serve the first warm start
+            demos, self.demos = self.demos, None
+        if demos is None:
+            demos = warm_start_samples(self.chat, self.domains, t.sft_data, self.config.env.max_context_tokens,
+                                       exclude=t.sft_exclude)
         from tqdm import tqdm
 
         batches = sft_batches(demos, t.sft_steps, t.sft_batch_size, self.config.run.seed)
