@@ -57,6 +57,20 @@ def records(path: Path) -> Iterator[tuple[int, Any]]:
             yield line, parse_line(path, line, raw)
 
 
+def load(path: Path) -> Any:
+    """The one JSON value a file holds (an array read as :func:`records` reads one); errors name file and line."""
+    text = read_text(path)
+    start = _SPACE.match(text).end()
+    if text.startswith("[", start):
+        return [value for _, value in _array(path, text, start)]
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise DataError(f"{path}:{_line_at(text, start)}: {TOO_DEEP}") from None
+
+
 def _line_at(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from ctu.atomic import atomic_open, atomic_write_text
 from ctu.data.conversations import DataError
+from ctu.data.jsonfile import load
 from ctu.domains.base import Domain, Task
 from ctu.env import Episode
 from ctu.users.scripted import ScriptedUser
@@ -171,11 +172,9 @@ def load_tasks(path: str | Path) -> tuple[tuple[Task, ...], dict[str, tuple[str,
     """(tasks, splits or None) from a tau2 ``tasks.json`` and the ``split_tasks.json`` beside it, if any."""
     p = Path(path)
     try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
+        raw = load(p)
     except FileNotFoundError:
         raise DataError(f"{p}: no such tasks file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{p}: not valid JSON ({exc})") from None
     if not isinstance(raw, list):
         raise DataError(f"{p}: expected a JSON list of tau2 tasks")
     tasks = []
@@ -185,7 +184,16 @@ def load_tasks(path: str | Path) -> tuple[tuple[Task, ...], dict[str, tuple[str,
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DataError(f"{p}: task #{i} is malformed: {exc!r}") from None
     split_file = p.with_name("split_tasks.json")
-    splits = None
-    if split_file.is_file():
-        splits = {k: tuple(str(i) for i in v) for k, v in json.loads(split_file.read_text(encoding="utf-8")).items()}
-    return tuple(tasks), splits
+    return tuple(tasks), (read_splits(split_file) if split_file.is_file() else None)
+
+
+def read_splits(path: Path) -> dict[str, tuple[str, ...]]:
+    """``split_tasks.json``: {split name: [task id, ...]}; errors name the file."""
+    raw = load(path)
+    if not isinstance(raw, dict):
+        raise DataError(f"{path}: expected a JSON object of split names to lists of task ids, got "
+                        f"{type(raw).__name__}")
+    for name, ids in raw.items():
+        if not isinstance(ids, list) or not all(isinstance(i, (str, int)) for i in ids):
+            raise DataError(f"{path}: split '{name}' is not a list of task ids")
+    return {k: tuple(str(i) for i in v) for k, v in raw.items()}

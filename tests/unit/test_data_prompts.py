@@ -127,6 +127,26 @@ def test_env_tasks_replaces_a_domains_tasks_and_splits(tmp_path):
         build_domains(load_config(None, [f"env.tasks.mini={bad}"]))
 
 
+@pytest.mark.parametrize("tasks,splits,where,message", [
+    ("[\n" + "[" * 100_000 + "]" * 100_000 + "\n]", None, "tasks.json:2", "nested too deeply"),
+    ('[\n{"id": "a",\n oops}]', None, "tasks.json:3", "not valid JSON"),
+    (None, "{oops", "split_tasks.json:1", "not valid JSON"),
+    (None, "[1, 2]", "split_tasks.json", "expected a JSON object of split names"),
+    (None, '{"test": "t1"}', "split_tasks.json", "split 'test' is not a list of task ids"),
+    (None, '{"a": ' * 100_000 + "1" + "}" * 100_000, "split_tasks.json:1", "nested too deeply"),
+])
+def test_a_bad_tasks_or_splits_file_is_one_error_naming_the_file(tmp_path, tasks, splits, where, message):
+    mini = get_domain("mini")
+    path = write_tasks(tmp_path, mini.tasks[:2], {})
+    if tasks is not None:
+        path.write_text(tasks)
+    if splits is not None:
+        (tmp_path / "split_tasks.json").write_text(splits)
+    with pytest.raises(DataError, match=message) as info:
+        load_tasks(path)
+    assert str(info.value).startswith(f"{tmp_path}/{where}") and "\n" not in str(info.value)
+
+
 def hostile_rows(domain_name, data_source=None):
     mini = get_domain("mini")
     rows = task_rows(mini, mini.split("all")[:3])
