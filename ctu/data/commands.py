@@ -10,6 +10,13 @@ from ctu.data.conversations import DataError
 EXPORT_FORMATS = ("openai", "sharegpt", "parquet")
 
 
+def refuse_empty(args: argparse.Namespace, count: int, what: str) -> None:
+    """Nothing to export is an error (``--out`` untouched) unless ``--allow-empty``."""
+    if count == 0 and not args.allow_empty:
+        raise DataError(f"nothing to export: {what}; {args.out} is left as it was (--allow-empty writes an empty "
+                        "file)")
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """Gold demonstrations of a domain's split, or the successful episodes of an eval run, to a file."""
     from ctu.domains import get_domain
@@ -40,7 +47,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.format == "parquet":
             from ctu.data.prompts import task_rows, write_prompts
 
-            info = write_prompts(args.out, task_rows(domain, tasks))
+            refuse_empty(args, len(tasks), f"0 tasks of {domain.name} (split {args.split})")
+            info = write_prompts(args.out, task_rows(domain, tasks), allow_empty=True)
             print(f"wrote {info['records']} {domain.name} tasks (split {args.split}) to {info['path']} as a parquet "
                   "prompt dataset (verl / SkyRL: prompt, env_class, reward_spec, reward_model, extra_info)")
             print("score it in verl with reward.custom_reward_function.path=pkg://ctu.integrations.verl_reward "
@@ -52,7 +60,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         what = f"{len(conversations)} gold demonstrations of {domain.name} (split {args.split})"
     from ctu.data.sft import write_conversations
 
-    info = write_conversations(args.out, conversations, args.format, args.name)
+    refuse_empty(args, len(conversations), what)
+    info = write_conversations(args.out, conversations, args.format, args.name, allow_empty=True)
     print(f"wrote {what} to {info['path']} as {args.format}")
     if args.format == "sharegpt":
         dropped = f"; {info['dropped_texts']} assistant text(s) beside tool calls dropped" if info["dropped_texts"] else ""
@@ -99,6 +108,8 @@ def add_parser(sub) -> list[argparse.ArgumentParser]:
     export.add_argument("--name", default=None, help="sharegpt: the dataset's name in dataset_info.json "
                                                      "(default: the file's stem)")
     export.add_argument("--data-dir", default=None, help="tau2 data directory (default: installed packages)")
+    export.add_argument("--allow-empty", action="store_true",
+                        help="write the file even when nothing qualifies (default: refuse, --out untouched)")
     export.set_defaults(func=cmd_export)
     imp = data_sub.add_parser(
         "import", help="read a parquet prompt dataset of tau2 tasks back into tasks.json",

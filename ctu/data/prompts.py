@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ctu.atomic import atomic_open, atomic_write_text
+from ctu.atomic import atomic_open, atomic_write_text, check_target
 from ctu.data.conversations import DataError
 from ctu.data.jsonfile import load
 from ctu.domains.base import Domain, Task
@@ -83,11 +83,13 @@ def task_rows(domain: Domain, tasks: Sequence[Task]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_prompts(path: str | Path, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def write_prompts(path: str | Path, rows: Sequence[dict[str, Any]], allow_empty: bool = False) -> dict[str, Any]:
     pq = pyarrow_parquet()
     import pyarrow as pa
 
-    out = Path(path)
+    out = check_target(path)
+    if not rows and not allow_empty:
+        raise DataError(f"{out}: no tasks to write; the file is left as it was")
     table = pa.Table.from_pylist(list(rows))
     with atomic_open(out, "wb") as handle:  # the previous file stays whole until this one is
         pq.write_table(table, handle)

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ctu.atomic import atomic_open, atomic_write_text
+from ctu.atomic import atomic_open, atomic_write_text, check_target
 from ctu.data.conversations import Conversation, DataError, untrained_prefix
-from ctu.data.jsonfile import TOO_DEEP, records
+from ctu.data.jsonfile import TOO_DEEP, load, records
 from ctu.transcripts import TranscriptError, check_messages
 
 FORMATS = ("openai", "sharegpt")
@@ -98,13 +98,30 @@ def dataset_info_entry(file_name: str) -> dict[str, Any]:
     return {"file_name": file_name, "formatting": "sharegpt", "columns": dict(SHAREGPT_COLUMNS)}
 
 
+def read_dataset_info(path: Path) -> dict[str, Any]:
+    """LLaMA-Factory's ``dataset_info.json`` (empty if absent); anything but a JSON object is an error naming it."""
+    if not check_target(path).exists():
+        return {}
+    entries = load(path)
+    if not isinstance(entries, dict):
+        raise DataError(f"{path}: expected a JSON object of LLaMA-Factory datasets, got {type(entries).__name__}; "
+                        "fix or move it")
+    return entries
+
+
 def write_conversations(path: str | Path, conversations: Sequence[Conversation], fmt: str,
-                        name: str | None = None) -> dict[str, Any]:
+                        name: str | None = None, allow_empty: bool = False) -> dict[str, Any]:
     """Write ``conversations`` as ``fmt`` (one JSON object per line). sharegpt also adds its entry, named
-    ``name`` (default: the file's stem), to ``dataset_info.json`` beside the file (other entries kept)."""
+    ``name`` (default: the file's stem), to ``dataset_info.json`` beside the file (other entries kept).
+    Every check (the records, ``dataset_info.json``, the targets) comes before any file is touched; no
+    conversations is an error unless ``allow_empty``."""
     if fmt not in FORMATS:
         raise DataError(f"unknown format '{fmt}' (known: {', '.join(FORMATS)}, parquet for tasks)")
-    out = Path(path)
+    out = check_target(path)
+    if not conversations and not allow_empty:
+        raise DataError(f"{out}: no conversations to write; the file is left as it was")
+    info_path = out.parent / "dataset_info.json"
+    entries = read_dataset_info(info_path) if fmt == "sharegpt" else {}
     records, dropped = [], 0
     for conversation in conversations:  # every record first: a refused conversation touches no file
         if fmt == "sharegpt":
@@ -118,8 +135,6 @@ def write_conversations(path: str | Path, conversations: Sequence[Conversation],
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     info: dict[str, Any] = {"path": str(out), "records": len(conversations), "format": fmt}
     if fmt == "sharegpt":
-        info_path = out.parent / "dataset_info.json"
-        entries = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
         entries[name or out.stem] = dataset_info_entry(out.name)
         atomic_write_text(info_path, json.dumps(entries, indent=2) + "\n")
         info.update(dataset_info=str(info_path), name=name or out.stem, dropped_texts=dropped)
