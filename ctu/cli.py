@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ctu.domains import DOMAINS, get_domain
-from ctu.redact import redact_urls
+from ctu.redact import redact
 
 
 def _fmt_components(components: dict[str, float]) -> str:
@@ -331,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # ctu's own one-line errors
         if args.debug or exc.code is None or isinstance(exc.code, int):
             raise
-        print(redact_urls(_one_line(str(exc.code))), file=sys.stderr)
+        print(redact(_one_line(str(exc.code))), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         if args.debug:
@@ -341,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        print(f"ctu: error: {redact_urls(_describe(exc))}", file=sys.stderr)
+        print(f"ctu: error: {redact(_describe(exc))}", file=sys.stderr)
         return 1
 
 

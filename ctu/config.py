@@ -18,7 +18,7 @@ import yaml
 
 from ctu.config_checks import config_problems
 from ctu.config_checks import training_problems as training_problems  # re-exported
-from ctu.redact import redact_urls
+from ctu.redact import redact
 
 
 class ConfigError(ValueError):
@@ -398,7 +398,7 @@ def to_dict(config: Any) -> dict[str, Any]:
         if isinstance(node, list):
             return [scrub(v) for v in node]
         if isinstance(node, str):  # credentials inside a URL (user:password@, ?api_key=...)
-            return redact_urls(node)
+            return redact(node)
         return node
 
     return scrub(dataclasses.asdict(config))

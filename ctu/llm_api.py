@@ -27,7 +27,7 @@ from typing import Any
 
 import openai
 
-from ctu.redact import redact_url
+from ctu.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class ChatClient:
         del self.failures[:-1000]
 
     def _where(self) -> str:
-        return f"model '{self.config.model}' at {redact_url(self.config.base_url or 'the OpenAI API')}"
+        return f"model '{self.config.model}' at {redact(self.config.base_url or 'the OpenAI API')}"
 
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "<redacted>") if self._key and self._key != "EMPTY" else text

@@ -11,7 +11,7 @@ from ctu.config import load_config, save_config, to_dict
 from ctu.engines.remote import RemoteEngine
 from ctu.judge import LLMJudge
 from ctu.llm_api import ChatAPIConfig, ChatClient, LLMCallError
-from ctu.redact import redact_url, redact_urls
+from ctu.redact import redact
 
 SECRET_URL = "https://alice:s3cr3t-pw@llm.example.com:8443/v1?api_key=k3y-value&model=m&sig=zzsig"
 
@@ -26,12 +26,12 @@ SECRET_URL = "https://alice:s3cr3t-pw@llm.example.com:8443/v1?api_key=k3y-value&
     ("not a url", "not a url"),
 ])
 def test_redact_url(url, expected):
-    assert redact_url(url) == expected
+    assert redact(url) == expected
 
 
 def test_redact_urls_in_free_text():
     text = f"model 'm' at {SECRET_URL} failed; see 'http://u:p@h/x'."
-    out = redact_urls(text)
+    out = redact(text)
     for secret in ("s3cr3t-pw", "k3y-value", "zzsig", "alice", "u:p@"):
         assert secret not in out
     assert out.startswith("model 'm' at https://<redacted>@llm.example.com:8443/v1?") and "'http://<redacted>@h/x'." in out
@@ -49,8 +49,8 @@ def test_saved_config_and_wandb_config_hold_no_url_credentials(tmp_path):
     save_config(config, tmp_path / "config.yaml")
     saved = (tmp_path / "config.yaml").read_text()
     assert_clean(saved)
-    assert yaml.safe_load(saved)["user"]["base_url"] == redact_url(SECRET_URL)
-    assert load_config(tmp_path / "config.yaml").user.base_url == redact_url(SECRET_URL)
+    assert yaml.safe_load(saved)["user"]["base_url"] == redact(SECRET_URL)
+    assert load_config(tmp_path / "config.yaml").user.base_url == redact(SECRET_URL)
 
 
 def test_reprs_and_api_errors_hold_no_url_credentials(monkeypatch):
