@@ -324,8 +324,23 @@ def _describe(exc: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. A failure exits non-zero with one line on stderr naming the problem; ``--debug``
-    shows the traceback instead."""
+    shows the traceback instead. Everything written to the console goes through ``ctu.redact.redact``; run as the
+    ``ctu`` program (``argv`` None), its command line is redacted once parsed, and both stay so until it exits
+    (a ``--debug`` traceback included)."""
+    from ctu.redact_io import redact_argv, redact_stream, redacted_console
+
+    if argv is None:
+        redact_stream(sys.stdout)
+        redact_stream(sys.stderr)
+        return _main(None, after_parse=redact_argv)
+    with redacted_console():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None, after_parse=None) -> int:
     args = build_parser().parse_args(argv)
+    if after_parse is not None:
+        after_parse()
     try:
         return int(args.func(args) or 0)
     except SystemExit as exc:  # ctu's own one-line errors
@@ -343,7 +358,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"ctu: error: {redact(_describe(exc))}", file=sys.stderr)
         return 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,8 @@
 It replaces with ``<redacted>``:
 
 - every secret registered with :func:`remember` or :func:`remember_in` (API keys read from the environment, the
-  passwords and secret query values of the config's URLs when it is loaded), and its percent-decoded form;
+  passwords and secret query values of the config's URLs when it is loaded), its percent-decoded form and its
+  pieces between URL delimiters, each of at least 4 characters;
 - the userinfo of a URL with a scheme: everything between ``://`` and the last ``@`` before whitespace, whatever
   characters it holds (``https://user:s3cr/etPW@host`` -> ``https://<redacted>@host``);
 - the userinfo of a URL without a scheme (``user:secret@localhost:1/v1``) when it holds a ``:`` or the host is
@@ -24,7 +25,7 @@ from urllib.parse import unquote
 REDACTED = "<redacted>"
 MIN_REMEMBERED = 4  # shorter values cannot be told from ordinary text: they are redacted by shape only
 _SECRET_ENDINGS = ("key", "token", "secret", "password", "passwd", "pwd", "pass", "auth", "authorization", "sig",
-                   "signature", "credential", "credentials", "session", "sessionid", "sid", "jwt", "cookie", "bearer")
+                   "signature", "credential", "credentials", "session", "sessionid", "jwt", "cookie", "bearer")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 _WITH_SCHEME = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>\S*)@")
 _NOT_USERINFO = "\\s\"'<>(){}\\[\\],"  # a scheme-less userinfo holds none of these (JSON around an e-mail address)
@@ -47,7 +48,12 @@ def is_secret_key(name: str) -> bool:
 
 
 def _forms(secret: str) -> set[str]:
-    return {form for form in (secret, unquote(secret)) if len(form) >= MIN_REMEMBERED}
+    """A secret, its percent-decoded form and their pieces between URL delimiters (what a URL parser that split it
+    in the wrong place quotes back: ``Invalid port: 's3cr'`` for ``https://user:s3cr/etPW@host``)."""
+    forms = {secret, unquote(secret)}
+    for form in list(forms):
+        forms.update(re.split(r"[\s/?#@:;&=]+", form))
+    return {form for form in forms if len(form) >= MIN_REMEMBERED}
 
 
 def remember(*secrets: str | None) -> None:

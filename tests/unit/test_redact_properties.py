@@ -4,7 +4,6 @@ secret-looking query keys in any case and spelling, after ``?``, ``&`` or ``;``;
 import json
 import re
 
-import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -16,13 +15,6 @@ SECRET_WORDS = ["token", "access_token", "accessToken", "ACCESS-TOKEN", "api_key
                 "authorization", "sig", "signature", "X-Amz-Signature", "X-Amz-Credential", "credential",
                 "refresh_token", "session_id", "jwt", "private-key", "token2"]
 PLAIN_WORDS = ["model", "page", "limit", "format", "v", "max_tokens", "api_key_env", "keyword", "region", "stream"]
-
-
-@pytest.fixture(autouse=True)
-def no_remembered_secrets():
-    forget()  # secrets remembered by other tests would be redacted here too
-    yield
-    forget()
 
 
 def not_space(c: str) -> bool:
