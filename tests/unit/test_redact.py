@@ -2,6 +2,8 @@
 error line."""
 
 import asyncio
+import dataclasses
+from pathlib import Path
 
 import pytest
 import yaml
@@ -70,3 +72,9 @@ def test_an_error_line_never_shows_url_credentials(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("ctu: config error: user.kind: must be one of") and "llm.example.com" in err
     assert_clean(err)
+
+
+@pytest.mark.parametrize("preset", [None, *sorted(str(p) for p in Path("configs").glob("*.yaml"))])
+def test_a_config_without_credentials_is_saved_unchanged(preset):
+    config = load_config(preset)
+    assert to_dict(config) == dataclasses.asdict(config)

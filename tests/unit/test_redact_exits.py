@@ -3,6 +3,7 @@ quoting a URL or a piece of one), W&B's files (its config, the command line it r
 reports, trajectories and examples. Only ctu's public entry points are used, so that these tests also run against
 older code."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ctu.rollout import Trajectory
 from ctu.tracking import Tracker
 from tests.fakes.chat_server import StubChatServer
 
+ROOT = Path(__file__).resolve().parents[2]
 SECRETS = ("s3cr", "etPW", "Pa55word", "Acc3ssTok", "Tok3nValue", "Sig4ture")
 URL = "https://user:Pa55word@host:1/v1?accessToken=Acc3ssTok;api_key=Tok3nValue"
 BARE = "user:Sig4ture@localhost:1/v1"  # no scheme
@@ -73,6 +75,14 @@ def test_an_exception_quoting_a_url_prints_redacted(tmp_path, monkeypatch, capsy
     assert_clean(err)
 
 
+def test_the_ctu_programs_debug_traceback_is_redacted():
+    done = subprocess.run([sys.executable, "-m", "ctu", "--debug", "plan", f"model.path={URL}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" in done.stderr, done.stderr
+    assert "ValueError: model.path 'https://<redacted>@host:1/v1?accessToken=<redacted>" in done.stderr
+    assert_clean(done.stdout + done.stderr)
+
+
 def test_wandb_records_no_secret_of_config_command_line_or_console(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -83,6 +93,8 @@ def test_wandb_records_no_secret_of_config_command_line_or_console(tmp_path, mon
         print(f"connecting to {BARE}", file=sys.stderr)
         tracker.log(1, {"x": 1.0})
     assert list((tmp_path / "wandb").rglob("*.wandb"))
+    captured = "".join(p.read_text() for p in (tmp_path / "wandb").rglob("output.log"))
+    assert "connecting to https://<redacted>@host:1/v1?accessToken=<redacted>" in captured  # W&B saw the console
     assert leaks(tmp_path) == []
     assert sys.argv[2] == f"user.base_url={URL}"  # the command line is given back as it was
 
