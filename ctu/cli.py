@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ctu.domains import DOMAINS, get_domain
-from ctu.redact import redact_urls
+from ctu.redact import redact
 
 
 def _fmt_components(components: dict[str, float]) -> str:
@@ -324,14 +324,29 @@ def _describe(exc: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. A failure exits non-zero with one line on stderr naming the problem; ``--debug``
-    shows the traceback instead."""
+    shows the traceback instead. Everything written to the console goes through ``ctu.redact.redact``; run as the
+    ``ctu`` program (``argv`` None), its command line is redacted once parsed, and both stay so until it exits
+    (a ``--debug`` traceback included)."""
+    from ctu.redact_io import redact_argv, redact_stream, redacted_console
+
+    if argv is None:
+        redact_stream(sys.stdout)
+        redact_stream(sys.stderr)
+        return _main(None, after_parse=redact_argv)
+    with redacted_console():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None, after_parse=None) -> int:
     args = build_parser().parse_args(argv)
+    if after_parse is not None:
+        after_parse()
     try:
         return int(args.func(args) or 0)
     except SystemExit as exc:  # ctu's own one-line errors
         if args.debug or exc.code is None or isinstance(exc.code, int):
             raise
-        print(redact_urls(_one_line(str(exc.code))), file=sys.stderr)
+        print(redact(_one_line(str(exc.code))), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         if args.debug:
@@ -341,9 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        print(f"ctu: error: {redact_urls(_describe(exc))}", file=sys.stderr)
+        print(f"ctu: error: {redact(_describe(exc))}", file=sys.stderr)
         return 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

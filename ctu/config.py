@@ -18,7 +18,7 @@ import yaml
 
 from ctu.config_checks import config_problems
 from ctu.config_checks import training_problems as training_problems  # re-exported
-from ctu.redact import redact_urls
+from ctu.redact import redact_data, remember_in
 
 
 class ConfigError(ValueError):
@@ -374,6 +374,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     for text in overrides:
         key, value = parse_override(text)
         _set_dotted(tree, key, value)
+    remember_in(tree)  # first: the credentials in its URLs never show, even in its errors
     config = _build(cls, tree)
     validate(config)
     return config
@@ -385,23 +386,10 @@ def validate(config: Any) -> None:
         raise ConfigError(problem)
 
 
-_SECRET_KEY = re.compile(r"(api_?key|token|secret|password)$", re.I)
-
-
 def to_dict(config: Any) -> dict[str, Any]:
-    """The config as plain data with secrets removed (names of env vars are kept, values never; URLs lose their
-    userinfo and secret query values)."""
-
-    def scrub(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {k: ("<redacted>" if _SECRET_KEY.search(k) and v else scrub(v)) for k, v in node.items()}
-        if isinstance(node, list):
-            return [scrub(v) for v in node]
-        if isinstance(node, str):  # credentials inside a URL (user:password@, ?api_key=...)
-            return redact_urls(node)
-        return node
-
-    return scrub(dataclasses.asdict(config))
+    """The config as plain data with secrets removed (``ctu.redact.redact_data``: names of env vars are kept, values
+    never; URLs lose their userinfo and secret query values)."""
+    return redact_data(dataclasses.asdict(config))
 
 
 def save_config(config: Any, path: str | Path) -> None:

@@ -81,6 +81,7 @@ def config_problems(config: Config) -> list[str]:
         problems += _budget_problems(section, getattr(config, section))
     problems += _update_problems(config)
     problems += _count_problems(config)
+    problems += url_problems(config)
     return problems
 
 
@@ -172,4 +173,23 @@ def training_problems(config: Config) -> list[str]:
         out.append("engine.kind: 'remote' cannot be trained: ctu cannot push weights into a remote server, so every "
                    "step after the first would sample from stale weights; use engine.kind=hf or vllm for training "
                    "(remote serves ctu eval)")
+    return out
+
+
+URL_KEYS = ("engine.base_url", "user.base_url", "judge.base_url", "shaping.base_url")
+
+
+def url_problems(config: Config) -> list[str]:
+    """Every URL the config gives must be one whose credentials ``ctu.redact`` can find: an http(s) URL without
+    whitespace whose password holds no raw '/', '?', '#' or '@' (else a URL parser quotes pieces of it back:
+    ``Invalid port: 's3cr'``). The message names the key, never the value."""
+    from ctu.redact import url_problem
+
+    out = []
+    for key in URL_KEYS:
+        section, name = key.split(".")
+        url = getattr(getattr(config, section), name)
+        problem = url_problem(url) if url is not None else None
+        if problem:
+            out.append(f"{key}: {problem}")
     return out

@@ -15,6 +15,7 @@ from typing import Any
 
 from ctu.domains.base import Domain
 from ctu.metrics import distribution, mean, pass_curves
+from ctu.redact import redact, redact_data
 from ctu.rollout import EpisodeSpec, Trajectory
 
 
@@ -138,14 +139,14 @@ def plot_pass_k(report: dict[str, Any], path: Path) -> None:
 
 
 def write_report(run_dir: str | Path, trajectories: Sequence[Trajectory], save_tokens: bool = False) -> dict[str, Any]:
-    """Write report.json, report.md, trajectories.jsonl and pass_k.png into ``run_dir``."""
+    """Write report.json, report.md, trajectories.jsonl and pass_k.png into ``run_dir`` (redacted: ``ctu.redact``)."""
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = summarize(trajectories)
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "report.md").write_text(_markdown(report))
+    (out / "report.json").write_text(json.dumps(redact_data(report), indent=2))
+    (out / "report.md").write_text(redact(_markdown(report)))
     with open(out / "trajectories.jsonl", "w", encoding="utf-8") as f:
         for t in trajectories:
-            f.write(json.dumps(t.to_json(with_tokens=save_tokens), ensure_ascii=False) + "\n")
+            f.write(json.dumps(redact_data(t.to_json(with_tokens=save_tokens)), ensure_ascii=False) + "\n")
     plot_pass_k(report, out / "pass_k.png")
     return report

@@ -14,7 +14,7 @@ from typing import Any
 
 from ctu.llm_api import ChatAPIConfig, ChatClient, LLMCallError
 from ctu.parsing import repair_json
-from ctu.redact import redact_url
+from ctu.redact import redact
 
 JUDGE_PROMPT = """You are given a list of expected outcomes and a conversation between a customer service agent
 and a customer. Decide, for each expected outcome separately, whether the agent satisfied it.
@@ -57,7 +57,7 @@ class LLMJudge:
         self.max_tokens = max_tokens
 
     def __repr__(self) -> str:
-        url = redact_url(self.client.config.base_url) if self.client.config.base_url else None
+        url = redact(self.client.config.base_url) if self.client.config.base_url else None
         return f"LLMJudge(model={self.client.config.model!r}, base_url={url!r})"
 
     async def judge(self, assertions: Sequence[str], messages: Sequence[Mapping[str, Any]]) -> list[tuple[bool, str]]:

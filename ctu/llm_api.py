@@ -27,7 +27,7 @@ from typing import Any
 
 import openai
 
-from ctu.redact import redact_url
+from ctu.redact import redact, remember, remember_in
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,9 @@ class ChatClient:
                     f"model '{self.config.model}'); set it, or give a base_url for a local server")
             key = "EMPTY"
         self._key = key
+        if key != "EMPTY":
+            remember(key)  # a server that echoes the key back shows it nowhere
+        remember_in(self.config.base_url)  # nor a piece of the URL's password (an unchecked URL: InvalidURL)
         self._rng = random.Random(self.seed)
 
     async def _client(self) -> Any:
@@ -105,10 +108,7 @@ class ChatClient:
         del self.failures[:-1000]
 
     def _where(self) -> str:
-        return f"model '{self.config.model}' at {redact_url(self.config.base_url or 'the OpenAI API')}"
-
-    def _redact(self, text: str) -> str:
-        return text.replace(self._key, "<redacted>") if self._key and self._key != "EMPTY" else text
+        return f"model '{self.config.model}' at {redact(self.config.base_url or 'the OpenAI API')}"
 
     async def complete(self, messages: Sequence[dict[str, Any]], *, temperature: float = 0.0,
                        max_tokens: int = 512, seed: int | None = None, tools: list[dict] | None = None) -> Any:
@@ -130,7 +130,7 @@ class ChatClient:
                     return text
                 last = "empty reply"
             except openai.APIStatusError as exc:
-                status, reason = exc.status_code, self._redact(server_reason(exc))
+                status, reason = exc.status_code, redact(server_reason(exc))
                 last = f"HTTP {status}: {reason}" if reason else f"HTTP {status}"
                 if status != 429 and status < 500:
                     self._failed(last)

@@ -1,7 +1,8 @@
 """Metrics tracking: exactly one record per global step, to metrics.jsonl, the console and W&B.
 
 ``finish()`` is called once, explicitly, at the end of a run or on error (``with Tracker(...)``);
-never from a destructor. Secrets never reach W&B: the config is scrubbed before upload.
+never from a destructor. Secrets never reach W&B (``ctu.redact``): the config is redacted before upload, W&B records
+the command line redacted and no git state or code, and what it captures of the console is redacted first.
 """
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from ctu.redact import redact_data
 
 
 def _clean(value: Any) -> Any:
@@ -52,6 +56,7 @@ class Tracker:
         self._truncate_after(resume_step)
         self._wandb = None
         self._finished = False
+        self._undo_console: list = []
         if wandb_enabled:
             self._wandb = self._start_wandb(config or {}, wandb_project, wandb_mode, run_name, resume_step)
 
@@ -71,14 +76,22 @@ class Tracker:
         run_id = id_file.read_text().strip() if id_file.exists() and resume_step > 0 else uuid.uuid4().hex[:8]
         id_file.write_text(run_id)
         os.environ.setdefault("WANDB_SILENT", "true")
-        return wandb.init(project=project, name=run_name, id=run_id, resume="allow", mode=mode,
-                          dir=str(self.run_dir), config=dict(config))
+        from ctu.redact_io import argv_redacted, redact_stream
+
+        # no git state (a remote URL can hold a token, a diff a config file with a password) and no code
+        settings = wandb.Settings(disable_git=True, save_code=False, disable_code=True)
+        with argv_redacted():  # W&B's metadata records sys.argv
+            run = wandb.init(project=project, name=run_name, id=run_id, resume="allow", mode=mode,
+                             dir=str(self.run_dir), config=redact_data(dict(config)), settings=settings)
+        # W&B captures the console by wrapping the streams' write: redaction goes on top of it
+        self._undo_console = [redact_stream(sys.stdout), redact_stream(sys.stderr)]
+        return run
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Record the metrics of one global step; steps must strictly increase."""
         if step <= self.last_step:
             raise ValueError(f"step {step} logged after step {self.last_step}: one record per step, in order")
-        record = {"step": step, **_clean(flatten(metrics))}
+        record = {"step": step, **redact_data(_clean(flatten(metrics)))}
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         if self._wandb is not None:
@@ -93,7 +106,7 @@ class Tracker:
         path = folder / f"step_{step}.jsonl"
         with open(path, "w", encoding="utf-8") as f:
             for row in rows:
-                f.write(json.dumps(_clean(dict(row)), ensure_ascii=False) + "\n")
+                f.write(json.dumps(redact_data(_clean(dict(row))), ensure_ascii=False) + "\n")
         return path
 
     def finish(self, exit_code: int = 0) -> None:
@@ -102,7 +115,11 @@ class Tracker:
             return
         self._finished = True
         if self._wandb is not None:
-            self._wandb.finish(exit_code=exit_code)
+            try:
+                self._wandb.finish(exit_code=exit_code)
+            finally:
+                for undo in reversed(self._undo_console):
+                    undo()
 
     def __enter__(self) -> Tracker:
         return self

@@ -23,3 +23,14 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
         if not any(p == ORACLE_DIR or ORACLE_DIR in p.parents for p in named):
             return True
     return None
+
+
+@pytest.fixture(autouse=True)
+def _no_remembered_secrets():
+    """ctu.redact remembers the secrets a command is given for the whole process; a test gets a clean slate (else a
+    short key one test sets would be redacted from the next test's output)."""
+    from ctu.redact import forget
+
+    forget()
+    yield
+    forget()

@@ -33,7 +33,7 @@ from ctu.llm_api import (
     ChatClient,
     LLMCallError,
 )
-from ctu.redact import redact_url
+from ctu.redact import redact
 from ctu.users.base import UserSession, UserSimulator, UserSimulatorError
 
 GUIDELINES = """# User simulation guidelines
@@ -255,7 +255,7 @@ class LLMUser(UserSimulator):
             raise UserSimulatorError(str(exc)) from None
 
     def __repr__(self) -> str:
-        url = redact_url(self.config.base_url) if self.config.base_url else None
+        url = redact(self.config.base_url) if self.config.base_url else None
         return f"LLMUser(model={self.config.model!r}, base_url={url!r}, strategy={self.config.strategy!r})"
 
     def start(self, domain: Domain, task: Task, seed: int = 0) -> LLMUserSession:

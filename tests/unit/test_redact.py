@@ -2,6 +2,8 @@
 error line."""
 
 import asyncio
+import dataclasses
+from pathlib import Path
 
 import pytest
 import yaml
@@ -11,7 +13,7 @@ from ctu.config import load_config, save_config, to_dict
 from ctu.engines.remote import RemoteEngine
 from ctu.judge import LLMJudge
 from ctu.llm_api import ChatAPIConfig, ChatClient, LLMCallError
-from ctu.redact import redact_url, redact_urls
+from ctu.redact import redact
 
 SECRET_URL = "https://alice:s3cr3t-pw@llm.example.com:8443/v1?api_key=k3y-value&model=m&sig=zzsig"
 
@@ -26,12 +28,12 @@ SECRET_URL = "https://alice:s3cr3t-pw@llm.example.com:8443/v1?api_key=k3y-value&
     ("not a url", "not a url"),
 ])
 def test_redact_url(url, expected):
-    assert redact_url(url) == expected
+    assert redact(url) == expected
 
 
 def test_redact_urls_in_free_text():
     text = f"model 'm' at {SECRET_URL} failed; see 'http://u:p@h/x'."
-    out = redact_urls(text)
+    out = redact(text)
     for secret in ("s3cr3t-pw", "k3y-value", "zzsig", "alice", "u:p@"):
         assert secret not in out
     assert out.startswith("model 'm' at https://<redacted>@llm.example.com:8443/v1?") and "'http://<redacted>@h/x'." in out
@@ -49,8 +51,8 @@ def test_saved_config_and_wandb_config_hold_no_url_credentials(tmp_path):
     save_config(config, tmp_path / "config.yaml")
     saved = (tmp_path / "config.yaml").read_text()
     assert_clean(saved)
-    assert yaml.safe_load(saved)["user"]["base_url"] == redact_url(SECRET_URL)
-    assert load_config(tmp_path / "config.yaml").user.base_url == redact_url(SECRET_URL)
+    assert yaml.safe_load(saved)["user"]["base_url"] == redact(SECRET_URL)
+    assert load_config(tmp_path / "config.yaml").user.base_url == redact(SECRET_URL)
 
 
 def test_reprs_and_api_errors_hold_no_url_credentials(monkeypatch):
@@ -70,3 +72,9 @@ def test_an_error_line_never_shows_url_credentials(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("ctu: config error: user.kind: must be one of") and "llm.example.com" in err
     assert_clean(err)
+
+
+@pytest.mark.parametrize("preset", [None, *sorted(str(p) for p in Path("configs").glob("*.yaml"))])
+def test_a_config_without_credentials_is_saved_unchanged(preset):
+    config = load_config(preset)
+    assert to_dict(config) == dataclasses.asdict(config)
