@@ -112,8 +112,6 @@ class Trainer:
         if hardware is not None:  # on CUDA: refuse what cannot fit before loading anything
             check_fits(config, None, hardware[1])  # the run's GPUs (one in process), not all visible ones
         self.lock = RunDirLock(config.run.dir).acquire()  # one writer per run.dir, held until run() ends
-        if self.lock.took_over:
-            print(f"run.dir: {config.run.dir} was locked by a process that died ({self.lock.took_over}); taken over")
         try:
             self._setup(config)
         except BaseException:
