@@ -28,6 +28,7 @@ from ctu.runlock import RunDirLock
 from ctu.tracking import Tracker, eval_phase, record_eval
 from ctu.train.checkpoint import clean_stale, previous_run, resolve_resume
 from ctu.train.demos import demo_tasks, warm_start_samples
+from ctu.train.resume import prepare_resume
 from ctu.train.sync import WeightSync
 from ctu.train.update import release_memory, to_sample
 
@@ -113,7 +114,9 @@ class Trainer:
             check_fits(config, None, hardware[1])  # the run's GPUs (one in process), not all visible ones
         self.lock = RunDirLock(config.run.dir).acquire()  # one writer per run.dir, held until run() ends
         try:
-            self._setup(config)
+            self.complete = prepare_resume(config)  # a resumed run's records repaired or refused; None: go on
+            if self.complete is None:
+                self._setup(config)
         except BaseException:
             self.lock.release()
             raise
@@ -309,6 +312,10 @@ class Trainer:
         return loss
 
     def run(self) -> dict:
+        if self.complete is not None:  # a finished run resumed: nothing new, no second final evaluation
+            self.lock.release()
+            print(self.complete)
+            return {"complete": self.complete}
         try:
             return self._run()
         finally:
