@@ -93,15 +93,20 @@ class RunDirLock:
 
 def make_run_dir(run_dir: Path) -> None:
     """Create ``run_dir`` and the folders above it; a one-line :class:`RunDirError` naming what is in the way."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        blocker = next((p for p in (run_dir, *run_dir.parents) if os.path.lexists(p) and not p.is_dir()), None)
-        if blocker is None:
-            raise
-        what = describe_non_directory(blocker)
-        where = f"is {what}" if blocker == run_dir else f"cannot be created: {blocker} is {what}"
-        raise RunDirError(f"run.dir: {run_dir} {where}; choose another run.dir") from None
+    why = not_a_folder(run_dir)
+    if why is not None:
+        raise RunDirError(f"run.dir: {run_dir} {why}; choose another run.dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def not_a_folder(path: Path) -> str | None:
+    """Why ``path`` is not, and cannot be made, a folder (it, or a folder above it, is a file or a dangling
+    symlink), in a few words after its name; None when it is one or can be made."""
+    blocker = next((p for p in (path, *path.parents) if os.path.lexists(p) and not p.is_dir()), None)
+    if blocker is None:
+        return None
+    what = describe_non_directory(blocker)
+    return f"is {what}" if blocker == path else f"cannot be created: {blocker} is {what}"
 
 
 def describe_non_directory(path: Path) -> str:
