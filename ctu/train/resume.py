@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ctu.atomic import atomic_open
+from ctu.tracking import read_evals
 from ctu.train.checkpoint import checkpoint_step, resolve_resume
 
 RECORD_FILES = ("metrics.jsonl", "eval/history.jsonl")
@@ -109,3 +110,12 @@ def exported(folder: Path) -> bool:
     """Whether a finished export is there: the merged model's config and weights."""
     merged = folder / "merged"
     return (merged / "config.json").is_file() and any(merged.glob("*.safetensors"))
+
+
+def recorded_final(run_dir: Path, step: int) -> dict[str, float] | None:
+    """The held-out success of the final evaluation already recorded at ``step`` (as ``Trainer.evaluate``
+    returns it), or None: a run resumed at its last step is not evaluated twice."""
+    for e in reversed(read_evals(run_dir)):
+        if e.get("phase") == "final" and e.get("step") == step:
+            return {f"eval/{scope}/success": value for scope, value in e["success"].items()}
+    return None

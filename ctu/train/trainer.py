@@ -28,7 +28,7 @@ from ctu.runlock import RunDirLock
 from ctu.tracking import Tracker, eval_phase, record_eval
 from ctu.train.checkpoint import clean_stale, previous_run, resolve_resume
 from ctu.train.demos import demo_tasks, warm_start_samples
-from ctu.train.resume import prepare_resume
+from ctu.train.resume import prepare_resume, recorded_final
 from ctu.train.sync import WeightSync
 from ctu.train.update import release_memory, to_sample
 
@@ -372,7 +372,8 @@ class Trainer:
                 bar.set_postfix(reward=f"{metrics['rollout']['reward']:.2f}", loss=f"{metrics['train']['loss']:.3f}")
                 bar.update()
             bar.close()
-            summary["after"] = self.evaluate(f"step_{self.step}")
+            final = recorded_final(self.run_dir, self.step)  # resumed at the end (to export): evaluated already
+            summary["after"] = self.evaluate(f"step_{self.step}") if final is None else final
             if t.export:
                 summary["export"] = self.group.export(self.run_dir / "export", cfg.model.path)
                 print(f"exported: {summary['export']}")

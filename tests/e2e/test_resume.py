@@ -116,3 +116,11 @@ def test_a_record_that_is_json_but_not_a_step_is_refused(run_dir, monkeypatch, c
     no_model_load(monkeypatch)
     assert main(["train", *overrides(run_dir, 2, "trainer.resume=latest")]) == 1
     assert f"{path}: line 2: not a record (a JSON object with an integer 'step')" in capsys.readouterr().err
+
+
+def test_a_finished_run_resumed_to_export_is_exported_without_a_second_evaluation(run_dir, capsys):
+    assert main(["train", *overrides(run_dir, 1, "trainer.resume=latest", "trainer.export=true")]) == 0
+    assert phases(run_dir) == [("final", 1)] and (run_dir / "export" / "merged" / "config.json").is_file()
+    capsys.readouterr()
+    assert main(["train", *overrides(run_dir, 1, "trainer.resume=latest", "trainer.export=true")]) == 0
+    assert capsys.readouterr().out.startswith(f"run.dir: {run_dir} is complete: ")  # now exported too
