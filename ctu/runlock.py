@@ -10,6 +10,7 @@ itself is locked instead, as before.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
@@ -47,7 +48,13 @@ class RunDirLock:
         make_run_dir(self.run_dir)
         dir_fd = _lock_directory(self.run_dir, self._refusal)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as exc:
+            _close(dir_fd)
+            if exc.errno != errno.ELOOP:
+                raise
+            raise RunDirError(f"run.dir: {self.path} is a symlink; ctu writes the lock holder there and follows "
+                              "no symlink: remove it") from None
         except BaseException:
             _close(dir_fd)
             raise
@@ -151,7 +158,7 @@ def _lock_file(fd: int, refusal) -> None:
 def _holder(path: Path) -> str:
     """Who holds the lock, as its lock file says, without creating or changing that file."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return f"holder unknown: its {LOCK_NAME} was removed"
     except OSError as exc:

@@ -180,3 +180,17 @@ def test_a_run_dir_that_is_not_a_directory_is_named_in_one_line(tmp_path, capsys
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"ctu: error: {message}"), err
     assert not (tmp_path / "gone").exists() and a_file.read_text() == "x"
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path):
+    from ctu.runlock import RunDirError
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / LOCK_NAME).symlink_to(precious)
+    with pytest.raises(RunDirError, match=rf"run\.dir: {tmp_path / 'run' / LOCK_NAME} is a symlink"):
+        RunDirLock(tmp_path / "run").acquire()
+    assert precious.read_text() == "keep me"
+    with RunDirLock(tmp_path / "run2"):  # nothing left locked
+        pass
