@@ -202,6 +202,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = _load(args)
     summary = Trainer(config).run()
+    if "complete" in summary:  # a finished run resumed: its one line is all there is to say
+        return 0
     print(before_after_table(config.run.dir))
     print(f"done: run directory {config.run.dir} (metrics.jsonl, eval/, checkpoints/, export/, curves.png)")
     return 0 if summary else 1

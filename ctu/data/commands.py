@@ -71,14 +71,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """A parquet prompt dataset of tau2 tasks back to tau2 tasks.json (+ split_tasks.json) per domain."""
-    from ctu.data.prompts import read_prompts, write_tasks
+    from ctu.data.prompts import read_prompts
+    from ctu.data.task_import import write_task_folders
 
-    out = Path(args.out).resolve()
-    for domain, entry in read_prompts(args.file).items():  # every row is checked before anything is written
-        folder = (out / domain).resolve()
-        if folder.parent != out:  # read_prompts accepts only plain names; this guards symlinks too
-            raise DataError(f"domain {domain!r}: its folder {folder} is not directly inside --out {out}")
-        path = write_tasks(folder, entry["tasks"], entry["splits"])
+    entries = read_prompts(args.file)  # every row is checked before anything is written
+    paths = write_task_folders(Path(args.out), entries)  # every domain is written, or none
+    for domain, entry in entries.items():
+        path = paths[domain]
         splits = ", ".join(f"{k} {len(v)}" for k, v in entry["splits"].items()) or "none"
         print(f"{domain}: {len(entry['tasks'])} tasks -> {path} (splits: {splits}); "
               f"use them with env.tasks.{domain}={path}")

@@ -28,6 +28,7 @@ from ctu.runlock import RunDirLock
 from ctu.tracking import Tracker, eval_phase, record_eval
 from ctu.train.checkpoint import clean_stale, previous_run, resolve_resume
 from ctu.train.demos import demo_tasks, prepared_samples, warm_start_samples
+from ctu.train.resume import prepare_resume, recorded_final
 from ctu.train.sync import WeightSync
 from ctu.train.update import release_memory, to_sample
 
@@ -112,10 +113,10 @@ class Trainer:
         if hardware is not None:  # on CUDA: refuse what cannot fit before loading anything
             check_fits(config, None, hardware[1])  # the run's GPUs (one in process), not all visible ones
         self.lock = RunDirLock(config.run.dir).acquire()  # one writer per run.dir, held until run() ends
-        if self.lock.took_over:
-            print(f"run.dir: {config.run.dir} was locked by a process that died ({self.lock.took_over}); taken over")
         try:
-            self._setup(config)
+            self.complete = prepare_resume(config)  # a resumed run's records repaired or refused; None: go on
+            if self.complete is None:
+                self._setup(config)
         except BaseException:
             self.lock.release()
             raise
@@ -315,6 +316,10 @@ class Trainer:
         return loss
 
     def run(self) -> dict:
+        if self.complete is not None:  # a finished run resumed: nothing new, no second final evaluation
+            self.lock.release()
+            print(self.complete)
+            return {"complete": self.complete}
         try:
             return self._run()
         finally:
@@ -371,7 +376,8 @@ class Trainer:
                 bar.set_postfix(reward=f"{metrics['rollout']['reward']:.2f}", loss=f"{metrics['train']['loss']:.3f}")
                 bar.update()
             bar.close()
-            summary["after"] = self.evaluate(f"step_{self.step}")
+            final = recorded_final(self.run_dir, self.step)  # resumed at the end (to export): evaluated already
+            summary["after"] = self.evaluate(f"step_{self.step}") if final is None else final
             if t.export:
                 summary["export"] = self.group.export(self.run_dir / "export", cfg.model.path)
                 print(f"exported: {summary['export']}")
