@@ -17,6 +17,9 @@ from ctu.domains.base import Domain
 from ctu.metrics import distribution, mean, pass_curves
 from ctu.rollout import EpisodeSpec, Trajectory
 
+# how messages name the phases of a run's evaluations (ctu.tracking.eval_phase); periodic and final as they are
+PHASE_WORDS = {"before": "before training", "after_warm_start": "after the warm start"}
+
 
 class NothingScored(RuntimeError):
     """Every episode of an evaluation or a training step errored: there is nothing to score or to train on."""

@@ -19,7 +19,7 @@ from ctu import components as build
 from ctu.config import Config, ConfigError, save_config, to_dict, training_problems
 from ctu.distributed.group import build_trainer_group, sft_batches
 from ctu.distributed.ray_setup import preflight
-from ctu.evaluate import NothingScored, all_errored, episode_specs, progress_bar, write_report
+from ctu.evaluate import PHASE_WORDS, NothingScored, all_errored, episode_specs, progress_bar, write_report
 from ctu.metrics import distribution, mean, peak_rss_gib
 from ctu.rl.advantages import informative_groups, scored_advantages
 from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
@@ -100,10 +100,6 @@ def prepare_run_dir(config: Config) -> None:
     for name in ("checkpoints", "eval", "examples", "export"):
         shutil.rmtree(run_dir / name, ignore_errors=True)
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-
-
-# how an error names each evaluation (tracking.eval_phase)
-_PHASE_WORDS = {"before": "before training", "after_warm_start": "after the warm start"}
 
 
 class Trainer:
@@ -189,11 +185,12 @@ class Trainer:
         phase = eval_phase(tag, self.step, self.config.trainer.max_steps)
         errored = all_errored(trajectories)
         if errored:  # reported, not recorded: a 0.0 in the history would read as a result
-            raise NothingScored(f"evaluation {tag} ({_PHASE_WORDS.get(phase, phase)}): no episode could be scored: "
+            raise NothingScored(f"evaluation {tag} ({PHASE_WORDS.get(phase, phase)}): no episode could be scored: "
                                 f"{errored}; trajectories in {self.run_dir / 'eval' / tag}")
         out = {f"eval/{scope}/success": s["success_rate"] for scope, s in report.items()}
+        unscored = f"; {report['overall']['errored']} errored, not scored" if report["overall"]["errored"] else ""
         print(f"eval {tag} ({len(specs)} episodes, {time.perf_counter() - started:.0f}s, peak RSS so far "
-              f"{peak_rss_gib():.2f} GiB): " + ", ".join(f"{k}={v:.3f}" for k, v in out.items()), flush=True)
+              f"{peak_rss_gib():.2f} GiB): " + ", ".join(f"{k}={v:.3f}" for k, v in out.items()) + unscored, flush=True)
         record_eval(self.run_dir, tag=tag, phase=phase, step=self.step,
                     success={scope: s["success_rate"] for scope, s in report.items()},
                     seconds=time.perf_counter() - started, episodes=len(specs))

@@ -120,17 +120,16 @@ def test_a_periodic_evaluation_all_errored_keeps_its_step(tmp_path, monkeypatch)
     assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["step_1"]
 
 
-def test_some_episodes_errored_is_counted_and_the_run_succeeds(tmp_path, monkeypatch):
+def test_some_episodes_errored_is_counted_and_the_run_succeeds(tmp_path, monkeypatch, capsys):
     run_dir = tmp_path / "run"
-    trainer = Trainer(config(run_dir, "trainer.max_steps=1"))
+    trainer = Trainer(config(run_dir, "trainer.max_steps=1", "trainer.eval_max_tasks=2"))
     real = trainer._rollout
 
-    def rollout(specs, temperature, seed, judge=None, on_done=None):  # one errored episode in each training step
-        if temperature == 0.0:
-            return real(specs, temperature, seed, judge=judge, on_done=on_done)
+    def rollout(specs, temperature, seed, judge=None, on_done=None):  # the first episode of every batch errors
         return [errored(specs[0]), *real(specs[1:], temperature, seed, judge=judge, on_done=on_done)]
 
     monkeypatch.setattr(trainer, "_rollout", rollout)
     assert trainer.run()["after"]
     (row,) = read_metrics(run_dir)
     assert row["rollout/errored"] == 1 and row["rollout/episodes"] == 4
+    assert "; 1 errored, not scored" in capsys.readouterr().out  # the console says what its success rate leaves out
