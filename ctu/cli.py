@@ -131,7 +131,7 @@ def _evaluate(config) -> int:
 
     from ctu import components as build
     from ctu.config import save_config
-    from ctu.evaluate import episode_specs, progress_bar, write_report
+    from ctu.evaluate import all_errored, episode_specs, progress_bar, write_report
     from ctu.rollout import RolloutLimits, rollout, warn_prompt_budget
 
     save_config(config, f"{config.run.dir}/config.yaml")
@@ -151,10 +151,9 @@ def _evaluate(config) -> int:
     finally:
         engine.close()
     report = write_report(config.run.dir, trajectories, config.eval.save_tokens)
-    if trajectories and all(t.stop_reason == "error" for t in trajectories):
-        first = next((t.error for t in trajectories if t.error), None) or "no error recorded"
-        raise SystemExit(_one_line(f"ctu: error: no episode could be scored: all {len(trajectories)} episode(s) "
-                                   f"errored (first error: {first}); trajectories in {config.run.dir}"))
+    errored = all_errored(trajectories)
+    if errored:
+        raise SystemExit(_one_line(f"ctu: error: no episode could be scored: {errored}; trajectories in {config.run.dir}"))
     for scope, s in report.items():
         print(f"{scope}: success {s['success_rate']:.3f} over {s['episodes']} episodes "
               f"({s['tasks']} tasks; pass^1 {s['pass^k'].get('1', 0.0):.3f}; errored {s['errored']}; "

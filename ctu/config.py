@@ -148,7 +148,7 @@ class TrainerConfig:
     warmup_steps: int = 0
     schedule: Literal["constant", "cosine"] = "constant"
     weight_decay: float = 0.05
-    grad_clip: float = 0.5
+    grad_clip: float = 0.5  # max gradient norm; .inf: no clipping (the one float that may be inf; see UNLIMITED)
     mini_batches: int = 1  # optimizer updates per rollout batch (per epoch)
     ppo_epochs: int = 1
     micro_batch_tokens: int = 4096  # token budget of one forward/backward pass

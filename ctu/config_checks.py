@@ -7,16 +7,45 @@ caller's business (``ctu.config.validate``, the trainer).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: ctu.config imports this module
     from ctu.config import ChatAPIBudget, Config
 
 
+# The floats that may be ``inf``, and what it means there. Every other float of the config must be finite: NaN
+# compares false with every bound (so ``lr: nan`` passed ``lr > 0``) and an infinity is no usable setting.
+UNLIMITED = {"trainer.grad_clip": "no gradient clipping"}
+
+
+def nonfinite_problems(node: Any, key: str = "") -> list[str]:
+    """Every NaN or infinite float in a config (dataclasses, lists and dicts, walked to the leaves), one line each
+    naming its dotted key; ``inf`` passes only at the keys of :data:`UNLIMITED`."""
+    if isinstance(node, float):
+        if math.isfinite(node) or (node == math.inf and key in UNLIMITED):
+            return []
+        unlimited = f" or inf ({UNLIMITED[key]})" if key in UNLIMITED else ""
+        return [f"{key}: must be a finite number{unlimited}, got {node}"]
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        children = [(f"{key}.{f.name}" if key else f.name, getattr(node, f.name)) for f in dataclasses.fields(node)]
+    elif isinstance(node, dict):
+        children = [(f"{key}.{k}", v) for k, v in node.items()]
+    elif isinstance(node, (list, tuple)):
+        children = [(f"{key}[{i}]", v) for i, v in enumerate(node)]
+    else:
+        return []
+    return [problem for child_key, child in children for problem in nonfinite_problems(child, child_key)]
+
+
 def config_problems(config: Config) -> list[str]:
-    """Everything wrong with ``config`` (unknown domains, missing files, out-of-range values), in key order."""
-    problems = []
+    """Everything wrong with ``config`` (unknown domains, missing files, out-of-range values), in key order.
+    A NaN or infinite float is reported alone: every range check below would pass NaN."""
+    problems = nonfinite_problems(config)
+    if problems:
+        return problems
     from ctu.domains import DOMAINS
 
     for i, name in enumerate(config.env.domains):

@@ -18,6 +18,22 @@ from ctu.metrics import distribution, mean, pass_curves
 from ctu.redact import redact, redact_data
 from ctu.rollout import EpisodeSpec, Trajectory
 
+# how messages name the phases of a run's evaluations (ctu.tracking.eval_phase); periodic and final as they are
+PHASE_WORDS = {"before": "before training", "after_warm_start": "after the warm start"}
+
+
+class NothingScored(RuntimeError):
+    """Every episode of an evaluation or a training step errored: there is nothing to score or to train on."""
+
+
+def all_errored(trajectories: Sequence[Trajectory]) -> str | None:
+    """``all N episode(s) errored (first error: ...)`` when every episode of a non-empty batch errored (no episode
+    could be scored), else None: some episodes erroring is counted (``errored``), not a failure."""
+    if not trajectories or any(t.stop_reason != "error" for t in trajectories):
+        return None
+    first = next((t.error for t in trajectories if t.error), None) or "no error recorded"
+    return f"all {len(trajectories)} episode(s) errored (first error: {first})"
+
 
 def episode_specs(domains: Sequence[Domain], splits: Sequence[str], samples: int,
                   max_tasks: int | None = None) -> list[EpisodeSpec]:

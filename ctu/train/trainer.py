@@ -19,14 +19,14 @@ from ctu import components as build
 from ctu.config import Config, ConfigError, save_config, to_dict, training_problems
 from ctu.distributed.group import build_trainer_group, sft_batches
 from ctu.distributed.ray_setup import preflight
-from ctu.evaluate import episode_specs, progress_bar, write_report
+from ctu.evaluate import PHASE_WORDS, NothingScored, all_errored, episode_specs, progress_bar, write_report
 from ctu.metrics import distribution, mean, peak_rss_gib
 from ctu.rl.advantages import informative_groups, scored_advantages
 from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
 from ctu.rollout import EpisodeSpec, Trajectory, warn_prompt_budget
 from ctu.runlock import RunDirLock
 from ctu.tracking import Tracker, eval_phase, record_eval
-from ctu.train.checkpoint import clean_stale, previous_run, resolve_resume
+from ctu.train.checkpoint import clean_stale, list_checkpoints, previous_run, resolve_resume
 from ctu.train.demos import demo_tasks, prepared_samples, warm_start_samples
 from ctu.train.resume import prepare_resume, recorded_final
 from ctu.train.sync import WeightSync
@@ -184,11 +184,17 @@ class Trainer:
                                          judge=self.judge, on_done=on_done)
         release_memory()
         report = write_report(self.run_dir / "eval" / tag, trajectories)
+        phase = eval_phase(tag, self.step, self.config.trainer.max_steps)
+        errored = all_errored(trajectories)
+        if errored:  # reported, not recorded: a 0.0 in the history would read as a result
+            raise NothingScored(f"evaluation {tag} ({PHASE_WORDS.get(phase, phase)}): no episode could be scored: "
+                                f"{errored}; trajectories in {self.run_dir / 'eval' / tag}")
         out = {f"eval/{scope}/success": s["success_rate"] for scope, s in report.items()}
+        unscored = f"; {report['overall']['errored']} errored, not scored" if report["overall"]["errored"] else ""
         print(f"eval {tag} ({len(specs)} episodes, {time.perf_counter() - started:.0f}s, peak RSS so far "
-              f"{peak_rss_gib():.2f} GiB): " + ", ".join(f"{k}={v:.3f}" for k, v in out.items()), flush=True)
-        record_eval(self.run_dir, tag=tag, phase=eval_phase(tag, self.step, self.config.trainer.max_steps),
-                    step=self.step, success={scope: s["success_rate"] for scope, s in report.items()},
+              f"{peak_rss_gib():.2f} GiB): " + ", ".join(f"{k}={v:.3f}" for k, v in out.items()) + unscored, flush=True)
+        record_eval(self.run_dir, tag=tag, phase=phase, step=self.step,
+                    success={scope: s["success_rate"] for scope, s in report.items()},
                     seconds=time.perf_counter() - started, episodes=len(specs))
         return out
 
@@ -244,6 +250,9 @@ class Trainer:
         started = time.perf_counter()
         trajectories, groups, rewards, chosen, draws = self.collect()
         release_memory()
+        errored = all_errored(trajectories)
+        if errored:  # before the update: an optimizer step on nothing would still decay the weights
+            raise NothingScored(f"step {self.step}: nothing to train on: {errored}")
         rollout_s = time.perf_counter() - started
         excluded = [tr.stop_reason == "error" or g not in chosen for tr, g in zip(trajectories, groups, strict=True)]
         update_started = time.perf_counter()
@@ -322,12 +331,21 @@ class Trainer:
             return {"complete": self.complete}
         try:
             return self._run()
+        except NothingScored as exc:  # every episode errored: stop, keeping what was written, and say how to go on
+            raise NothingScored(f"{exc}; {self._kept()}") from None
         finally:
             try:
                 self.pool.close()  # Ray workers (and a cluster the pool started) go away with the run
                 self.group.close()
             finally:
                 self.lock.release()
+
+    def _kept(self) -> str:
+        """Where an interrupted run stands and how to continue it."""
+        checkpoints = list_checkpoints(self.run_dir / "checkpoints")
+        where = f"from checkpoint {checkpoints[-1].name}" if checkpoints else "from the start: no checkpoint yet"
+        return (f"what was written is kept in {self.run_dir}; after fixing the cause, continue with "
+                f"trainer.resume=latest ({where})")
 
     def _run(self) -> dict:
         cfg, t = self.config, self.config.trainer
@@ -360,22 +378,26 @@ class Trainer:
                           f"final loss {sft:.3f}, peak RSS so far {peak_rss_gib():.2f} GiB")
                     if t.eval_before_train:
                         summary["after_sft"] = self.evaluate("after_sft")
-            bar = tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
-            while self.step < t.max_steps:
-                self.step += 1
-                out = self.train_step()
-                metrics = out["metrics"]
-                if t.eval_interval and self.step % t.eval_interval == 0 and self.step < t.max_steps:
-                    metrics["eval"] = self.evaluate(f"step_{self.step}")
-                tracker.log(self.step, metrics)
-                if self.step % t.examples_interval == 0:
-                    tracker.examples(self.step, [tr.to_json() for tr in out["trajectories"][: t.examples_count]])
-                if self.step % t.ckpt_interval == 0 or self.step == t.max_steps:
-                    self.group.save(ckpt_root, self.step, {"sampler": self.sampler.state()}, t.keep_checkpoints,
-                                    with_reference=self.rebased)
-                bar.set_postfix(reward=f"{metrics['rollout']['reward']:.2f}", loss=f"{metrics['train']['loss']:.3f}")
-                bar.update()
-            bar.close()
+            with tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True) as bar:
+                while self.step < t.max_steps:
+                    self.step += 1
+                    out = self.train_step()
+                    metrics, failed = out["metrics"], None
+                    if t.eval_interval and self.step % t.eval_interval == 0 and self.step < t.max_steps:
+                        try:
+                            metrics["eval"] = self.evaluate(f"step_{self.step}")
+                        except NothingScored as exc:  # the step itself trained: record and checkpoint it first
+                            failed = exc
+                    tracker.log(self.step, metrics)
+                    if self.step % t.examples_interval == 0:
+                        tracker.examples(self.step, [tr.to_json() for tr in out["trajectories"][: t.examples_count]])
+                    if self.step % t.ckpt_interval == 0 or self.step == t.max_steps or failed is not None:
+                        self.group.save(ckpt_root, self.step, {"sampler": self.sampler.state()}, t.keep_checkpoints,
+                                        with_reference=self.rebased)
+                    bar.set_postfix(reward=f"{metrics['rollout']['reward']:.2f}", loss=f"{metrics['train']['loss']:.3f}")
+                    bar.update()
+                    if failed is not None:
+                        raise failed
             final = recorded_final(self.run_dir, self.step)  # resumed at the end (to export): evaluated already
             summary["after"] = self.evaluate(f"step_{self.step}") if final is None else final
             if t.export:
