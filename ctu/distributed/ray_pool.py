@@ -1,6 +1,6 @@
 """Rollouts on Ray actors: each worker holds its own engine, the domains, the chat format and the user simulator.
 
-Workers are built from the :class:`~ctu.config.Config` inside the actor (domains and engines are not shipped).
+Workers are built from the :class:`~ctu.config.schema.Config` inside the actor (domains and engines are not shipped).
 A call's episodes are split into contiguous chunks, one per live worker, sent as ``(domain, task id, sample)``
 keys with the chunk's start index: episode ``i`` is seeded ``seed + i`` on any worker (see
 :mod:`ctu.distributed.pool`), so the Ray pool samples what the in-process pool samples.
@@ -37,7 +37,7 @@ from ctu.distributed.pool import (
 )
 from ctu.distributed.ray_setup import check_room, pool_demand, start_ray, wait_started
 from ctu.engines.base import SamplingParams
-from ctu.rollout import EpisodeSpec, Trajectory
+from ctu.rollout.loop import EpisodeSpec, Trajectory
 
 
 def _import_ray():
@@ -59,8 +59,8 @@ class RolloutWorker:
     def __init__(self, config, fault_file: str | None = None):
         import torch
 
-        from ctu import components as build
-        from ctu.models import load_model, load_tokenizer
+        from ctu.engines.models import load_model, load_tokenizer
+        from ctu.rollout import components as build
 
         self.config = config
         self.fault_file = fault_file
@@ -107,7 +107,7 @@ class RolloutWorker:
         judge = None
         if judge_enabled:
             if self._judge is None:
-                from ctu.components import build_judge
+                from ctu.rollout.components import build_judge
 
                 self._judge = build_judge(self.config)
             judge = self._judge

@@ -66,7 +66,7 @@ class TrainerRank:
         import torch.distributed as dist
 
         from ctu.distributed.fsdp import make_reduce, shard_policy
-        from ctu.models import load_tokenizer
+        from ctu.engines.models import load_tokenizer
         from ctu.train.policy import build_policy
 
         cuda = torch.cuda.is_available()
@@ -241,7 +241,7 @@ class RayTrainerGroup(TrainerGroup):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from ctu.models import load_tokenizer
+        from ctu.engines.models import load_tokenizer
 
         d = config.distributed
         n, m = d.trainer_workers, d.rollout_workers

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ctu.data.conversations import DataError, gold_conversations, gold_turns
-from ctu.env import agent_view
+from ctu.episode.data.conversations import DataError, gold_conversations, gold_turns
+from ctu.episode.env import agent_view
 from ctu.train.update import Sample, to_sample
 
 __all__ = ["conversation_sample", "demo_tasks", "file_samples", "fit_context", "gold_samples", "gold_turns", "warm_start_samples"]
@@ -56,7 +56,7 @@ def gold_samples(chat, domain, tasks) -> list[Sample]:
 def file_samples(chat, path: str, where: list[str] | None = None) -> list[Sample]:
     """Samples of every conversation in an OpenAI chat JSONL or sharegpt file; errors name the file and line.
     ``where``, if given, receives each sample's ``file:line``."""
-    from ctu.data.sft import read_conversations
+    from ctu.episode.data.sft import read_conversations
 
     samples = []
     for conversation in read_conversations(path):
@@ -93,7 +93,7 @@ def demo_tasks(domains, exclude: Sequence[str] = ()) -> list[tuple[Any, list]]:
     pools = [(d, d.split("train") if "train" in d.splits else list(d.tasks)) for d in domains]
     unmatched = [k for k in exclude if not any(t.matches(k) for _, tasks in pools for t in tasks)]
     if unmatched:
-        from ctu.config import ConfigError
+        from ctu.config.schema import ConfigError
 
         raise ConfigError(f"trainer.sft_exclude: {', '.join(unmatched)} matches no training task's description "
                           f"in {', '.join(d.name for d, _ in pools)}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ctu.config import Config
+from ctu.config.schema import Config
 from ctu.engines.precision import cpu_bf16_support, resolve_autocast
 from ctu.train.logprobs import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR, compute_context, token_logprobs
 from ctu.train.weights import absorb_lora, export, hf_name, merged_named_tensors
@@ -127,7 +127,7 @@ class Policy:
 
 
 def build_policy(config: Config, device: str | None = None) -> Policy:
-    from ctu.models import load_model, load_tokenizer
+    from ctu.engines.models import load_model, load_tokenizer
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

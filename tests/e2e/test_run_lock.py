@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ctu.runlock import LOCK_NAME, RunDirLock, RunDirLocked
+from ctu.config.runlock import LOCK_NAME, RunDirLock, RunDirLocked
 
 ROOT = Path(__file__).resolve().parents[2]
-HOLD = ("import sys; from ctu.runlock import RunDirLock; lock = RunDirLock(sys.argv[1]).acquire(); "
+HOLD = ("import sys; from ctu.config.runlock import RunDirLock; lock = RunDirLock(sys.argv[1]).acquire(); "
         "print('held', flush=True); sys.stdin.read()")
 
 
