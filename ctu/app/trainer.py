@@ -18,7 +18,7 @@ import torch
 from ctu.app.evaluate import episode_specs, progress_bar, write_report
 from ctu.config.runlock import RunDirLock
 from ctu.config.schema import Config, ConfigError, save_config, to_dict, training_problems
-from ctu.distributed.group import build_trainer_group, sft_batches
+from ctu.distributed.group import LocalTrainer, TrainerGroup, sft_batches
 from ctu.distributed.ray_setup import preflight
 from ctu.observe.metrics import distribution, mean, peak_rss_gib
 from ctu.observe.tracking import Tracker, eval_phase, record_eval
@@ -27,7 +27,7 @@ from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
 from ctu.rollout import components as build
 from ctu.rollout.loop import EpisodeSpec, Trajectory, warn_prompt_budget
 from ctu.train.checkpoint import clean_stale, previous_run, resolve_resume
-from ctu.train.demos import demo_tasks, warm_start_samples
+from ctu.train.demos import demo_tasks, sft_data_problems, warm_start_samples
 from ctu.train.sync import WeightSync
 from ctu.train.update import release_memory, to_sample
 
@@ -102,9 +102,18 @@ def prepare_run_dir(config: Config) -> None:
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
 
+def build_trainer_group(config) -> TrainerGroup:
+    """In this process (``distributed.trainer_workers=0``, the default) or N FSDP2 ranks as Ray actors."""
+    if config.distributed.trainer_workers:
+        from ctu.distributed.ray_trainer import RayTrainerGroup
+
+        return RayTrainerGroup(config)
+    return LocalTrainer(config)
+
+
 class Trainer:
     def __init__(self, config: Config):
-        for problem in training_problems(config):  # before any model is loaded
+        for problem in training_problems(config) + sft_data_problems(config):  # before any model is loaded
             raise ConfigError(problem)
         from ctu.app.plan import check_fits, cuda_hardware
 

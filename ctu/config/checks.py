@@ -1,8 +1,9 @@
 """Value checks for :mod:`ctu.config.schema`: each problem is one line naming its key.
 
 ``config_problems`` holds the checks every command runs when a config is loaded (``Config.problems()``);
-``training_problems`` what ``ctu train`` additionally needs. Both return lists of messages; raising is the
-caller's business (``ctu.config.schema.validate``, the trainer).
+``training_problems`` what ``ctu train`` additionally needs of the config alone (the warm start's data file is
+read by :func:`ctu.train.demos.sft_data_problems`). Both return lists of messages; raising is the caller's
+business (``ctu.config.schema.validate``, the trainer).
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ctu.config.derived import weight_sync_mode
+
 if TYPE_CHECKING:  # annotations only: ctu.config.schema imports this module
     from ctu.config.schema import ChatAPIBudget, Config
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py: MaxLoRARanks
 
 
 def config_problems(config: Config) -> list[str]:
@@ -109,8 +114,6 @@ def _budget_problems(section: str, b: ChatAPIBudget) -> list[str]:
 
 def _update_problems(config: Config) -> list[str]:
     """Values that would otherwise fail (or silently misbehave) inside the first update, after a full rollout."""
-    from ctu.config.schema import weight_sync_mode  # at call time: ctu.config.schema imports this module
-
     t, e, out = config.trainer, config.engine, []
     if not 0 <= t.clip_low < 1:
         out.append(f"trainer.clip_low: must be in [0, 1) (the ratio's lower bound is 1 - clip_low), got {t.clip_low}")
@@ -140,8 +143,6 @@ def _update_problems(config: Config) -> list[str]:
     if e.weight_sync == "adapter" and (e.kind != "vllm" or not config.lora.enabled):
         out.append("engine.weight_sync: 'adapter' needs engine.kind=vllm and lora.enabled=true")
     if e.kind == "vllm" and config.lora.enabled and weight_sync_mode(config) == "adapter":
-        from ctu.engines.vllm import VLLM_LORA_RANKS  # vLLM itself is not imported
-
         if config.lora.rank not in VLLM_LORA_RANKS:
             out.append(f"lora.rank: vLLM serves LoRA adapters of rank {', '.join(map(str, VLLM_LORA_RANKS))} "
                        f"(its max_lora_rank), got {config.lora.rank}; pick one or use engine.weight_sync=merged")
@@ -172,12 +173,4 @@ def training_problems(config: Config) -> list[str]:
         out.append("engine.kind: 'remote' cannot be trained: ctu cannot push weights into a remote server, so every "
                    "step after the first would sample from stale weights; use engine.kind=hf or vllm for training "
                    "(remote serves ctu eval)")
-    if config.trainer.sft_data and config.trainer.sft_steps > 0:  # a bad file fails now, not after the first eval
-        from ctu.episode.data.conversations import DataError
-        from ctu.episode.data.sft import read_conversations
-
-        try:
-            read_conversations(config.trainer.sft_data)
-        except DataError as exc:
-            out.append(f"trainer.sft_data: {exc}")
     return out

@@ -18,6 +18,7 @@ import yaml
 
 from ctu.config.checks import config_problems
 from ctu.config.checks import training_problems as training_problems  # re-exported
+from ctu.config.derived import engines_sleep, weight_sync_mode  # noqa: F401 - re-exported
 from ctu.config.redact import redact_urls
 
 
@@ -243,25 +244,6 @@ class Config:
     def problems(self) -> list[str]:
         """Every value problem, one line each naming its key (the checks live in ``ctu.config.checks``)."""
         return config_problems(self)
-
-
-def engines_sleep(config: Config) -> bool:
-    """Whether the rollout engines sleep through trainer work: only where they share the trainer's GPU
-    (``engine.colocated``). Ray rollout workers placed apart from the trainer ranks (``distributed.placement=split``)
-    have GPUs of their own and stay awake: sleeping there would only move their weights to host RAM and back."""
-    d = config.distributed
-    split = d.placement == "split" and d.rollout_workers > 0 and d.trainer_workers > 0
-    return config.engine.colocated and not split
-
-
-def weight_sync_mode(config: Config) -> Literal["merged", "adapter"]:
-    """What a weight sync sends: ``engine.weight_sync``, or for ``auto`` the LoRA adapter when a LoRA run syncs
-    an in-process vLLM engine (no merged copy of the model per sync), merged weights otherwise."""
-    mode = config.engine.weight_sync
-    if mode != "auto":
-        return mode
-    adapter = config.engine.kind == "vllm" and config.lora.enabled and not config.distributed.rollout_workers
-    return "adapter" if adapter else "merged"
 
 
 # ------------------------------------------------------------------------------------

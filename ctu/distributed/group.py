@@ -59,15 +59,6 @@ def sft_batches(demos: Sequence[Sample], steps: int, batch_size: int, seed: int)
     return [rng.sample(range(len(demos)), min(len(demos), batch_size)) for _ in range(steps)]
 
 
-def build_trainer_group(config) -> TrainerGroup:
-    """In this process (``distributed.trainer_workers=0``, the default) or N FSDP2 ranks as Ray actors."""
-    if config.distributed.trainer_workers:
-        from ctu.distributed.ray_trainer import RayTrainerGroup
-
-        return RayTrainerGroup(config)
-    return LocalTrainer(config)
-
-
 class TrainerGroup(ABC):
     """The policy and its optimizer, wherever they live."""
 

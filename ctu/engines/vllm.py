@@ -72,11 +72,11 @@ import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+from ctu.config.checks import VLLM_LORA_RANKS
 from ctu.engines.base import Completion, Engine, SamplingParams
 
 log = logging.getLogger(__name__)
 PEFT_NAME = re.compile(r"(^base_model\.model\.)|(\.base_layer\.)|(lora_[AB])|(lora_embedding_[AB])|(modules_to_save)")
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py: MaxLoRARanks
 SHARD_BYTES = 1 << 30  # safetensors shard size when weights go through a directory
 
 

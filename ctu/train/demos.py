@@ -87,6 +87,20 @@ def fit_context(samples: Sequence[Sample], max_tokens: int, source: str,
     return kept, note
 
 
+def sft_data_problems(config) -> list[str]:
+    """``trainer.sft_data`` read before any model is loaded: a bad file fails now, not after the first evaluation
+    (one message naming the key, the file and the line; none without a warm start from a file)."""
+    if not (config.trainer.sft_data and config.trainer.sft_steps > 0):
+        return []
+    from ctu.episode.data.sft import read_conversations
+
+    try:
+        read_conversations(config.trainer.sft_data)
+    except DataError as exc:
+        return [f"trainer.sft_data: {exc}"]
+    return []
+
+
 def demo_tasks(domains, exclude: Sequence[str] = ()) -> list[tuple[Any, list]]:
     """(domain, its train tasks — all if it has no train split — that match none of ``exclude``) per domain.
     A key that matches no training task is a ConfigError naming ``trainer.sft_exclude``."""

@@ -31,6 +31,23 @@ __all__ = ["Policy", "assert_precision_policy", "build_policy", "export", "hf_na
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _reshard(model: torch.nn.Module) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def reshard(*models: torch.nn.Module | None) -> None:
+    """Free every gathered FSDP unit of ``models`` (None and unsharded models: nothing to do); local, no
+    collective. After passes without backward: FSDP2 reshards the root only at the end of a backward (sharding
+    itself: :mod:`ctu.distributed.fsdp`)."""
+    for model in models:
+        if model is not None:
+            _reshard(model)
+
+
 def assert_precision_policy(model: torch.nn.Module, compute_dtype: torch.dtype,
                             reference: torch.nn.Module | None = None) -> torch.dtype:
     """Trainable parameters fp32, frozen parameters (and ``reference``'s) in ``compute_dtype``; returns it."""

@@ -27,7 +27,7 @@ import torch
 from ctu.config.schema import TrainerConfig
 from ctu.engines.shared_prefix import packing_prefix
 from ctu.rl.losses import aggregation_weights, kl_penalty, ppo_clip_per_token, truncated_importance_weights
-from ctu.train.policy import Policy, token_logprobs
+from ctu.train.policy import Policy, reshard, token_logprobs
 
 Reduce = Callable[[list[float], str], list[float]]
 
@@ -162,9 +162,7 @@ def sequence_kl(policy: Policy, samples: Sequence[Sample], cfg: TrainerConfig, t
 
 def release_gathered(policy: Policy) -> None:
     """After passes without backward: an FSDP2-sharded policy's units (the root's, the frozen reference's) are
-    freed, as only a backward would free them (:func:`ctu.distributed.fsdp.reshard`; unsharded: nothing)."""
-    from ctu.distributed.fsdp import reshard
-
+    freed, as only a backward would free them (:func:`ctu.train.policy.reshard`; unsharded: nothing)."""
     reshard(policy.model, policy.reference)
 
 

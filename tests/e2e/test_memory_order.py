@@ -58,13 +58,13 @@ def freed_before(events, what):
 
 
 def test_trainer_frees_cached_memory_before_the_engine_starts_and_wakes(tmp_path, monkeypatch):
+    from ctu.app import trainer as trainer_module
     from ctu.app.trainer import Trainer
-    from ctu.distributed import group as group_module
 
     fake_vllm.install(monkeypatch)
     events: list[str] = []
     recording(monkeypatch, events)
-    build = group_module.build_trainer_group
+    build = trainer_module.build_trainer_group
 
     def built(config):
         events.append("build")

@@ -5,8 +5,14 @@ import socket
 
 import pytest
 
-from ctu.distributed.ray_setup import RaySetupError, address_endpoint, probe_address, raised_line, room_problem
-from ctu.distributed.ray_trainer import placement_bundles
+from ctu.distributed.ray_setup import (
+    RaySetupError,
+    address_endpoint,
+    placement_bundles,
+    probe_address,
+    raised_line,
+    room_problem,
+)
 
 WHAT = "the keys"
 
