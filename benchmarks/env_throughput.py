@@ -16,9 +16,9 @@ import os
 import time
 
 from ctu.domains import get_domain
-from ctu.env import AgentTurn, Episode
+from ctu.episode.env import AgentTurn, Episode
+from ctu.episode.users.scripted import ScriptedUser
 from ctu.train.demos import gold_turns
-from ctu.users.scripted import ScriptedUser
 
 
 async def run_episodes(domain, tasks, n: int, concurrency: int) -> int:

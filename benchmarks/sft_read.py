@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ctu.data.sft import read_conversations
+from ctu.episode.data.sft import read_conversations
 
 TOOLS = json.dumps([{"type": "function", "function": {
     "name": "get_order", "description": "Look up an order by its id.",

@@ -41,10 +41,10 @@ def main() -> None:
 
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from ctu.config import load_config
-    from ctu.models import smollm2_tokenizer_dir
+    from ctu.app.trainer import _schedule
+    from ctu.config.schema import load_config
+    from ctu.engines.models import smollm2_tokenizer_dir
     from ctu.train.policy import assert_precision_policy, build_policy
-    from ctu.train.trainer import _schedule
     from ctu.train.update import policy_update, to_sample
 
     hidden, inter, layers, heads, kv = SHAPES[args.shape]

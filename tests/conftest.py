@@ -7,8 +7,8 @@ import pytest
 def chat_format():
     from transformers import AutoTokenizer
 
-    from ctu.chat import ChatFormat
-    from ctu.models import smollm2_tokenizer_dir
+    from ctu.engines.models import smollm2_tokenizer_dir
+    from ctu.rollout.chat import ChatFormat
 
     return ChatFormat(AutoTokenizer.from_pretrained(smollm2_tokenizer_dir()))
 
@@ -27,9 +27,9 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 @pytest.fixture(autouse=True)
 def _no_remembered_secrets():
-    """ctu.redact remembers the secrets a command is given for the whole process; a test gets a clean slate (else a
+    """ctu.config.redact remembers the secrets a command is given for the whole process; a test gets a clean slate (else a
     short key one test sets would be redacted from the next test's output)."""
-    from ctu.redact import forget
+    from ctu.config.redact import forget
 
     forget()
     yield

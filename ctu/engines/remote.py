@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
+from ctu.config.redact import redact
 from ctu.engines.base import Completion, Engine, SamplingParams
-from ctu.redact import redact
 
 
 class RemoteEngineError(RuntimeError):

@@ -6,18 +6,18 @@ import json
 
 import pytest
 
-from ctu.cli import main
-from ctu.config import ConfigError, load_config
-from ctu.data.sft import read_conversations
+from ctu.app import trainer as trainer_module
+from ctu.app.cli import main
+from ctu.app.evaluate import write_report
+from ctu.app.trainer import Trainer
+from ctu.config.schema import ConfigError, load_config
 from ctu.engines.base import SamplingParams
-from ctu.evaluate import write_report
-from ctu.rollout import EpisodeSpec, RolloutLimits, rollout
-from ctu.tracking import read_evals
-from ctu.train import trainer as trainer_module
+from ctu.episode.data.sft import read_conversations
+from ctu.episode.users.scripted import ScriptedUser
+from ctu.observe.tracking import read_evals
+from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout
 from ctu.train.demos import gold_samples
-from ctu.train.trainer import Trainer
-from ctu.users.scripted import ScriptedUser
-from tests.unit.test_rollout import GOLD_TURNS, MINI, TASK, ScriptedModel
+from tests.unit.rollout.test_rollout import GOLD_TURNS, MINI, TASK, ScriptedModel
 
 
 def test_export_import_on_the_command_line(tmp_path, capsys):
@@ -33,7 +33,7 @@ def test_export_import_on_the_command_line(tmp_path, capsys):
     assert f"LLaMA-Factory: dataset 'ctu_airline' in {out / 'dataset_info.json'}" in printed
     assert f"use them with env.tasks.mini={out / 'tasks' / 'mini' / 'tasks.json'}" in printed
     assert len(read_conversations(out / "gold.jsonl")) == 240 and len(read_conversations(out / "a.jsonl")) == 30
-    from ctu.components import build_domains
+    from ctu.rollout.components import build_domains
 
     (domain,) = build_domains(load_config(None, [f"env.tasks.mini={out / 'tasks' / 'mini' / 'tasks.json'}"]))
     assert list(domain.tasks) == list(MINI.tasks) and dict(domain.splits) == dict(MINI.splits)

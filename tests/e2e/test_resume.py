@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from ctu.cli import main
-from ctu.tracking import eval_history_path, read_evals, read_metrics
-from ctu.train import trainer as trainer_module
+from ctu.app import trainer as trainer_module
+from ctu.app.cli import main
+from ctu.observe.tracking import eval_history_path, read_evals, read_metrics
 
 RECORDS = ["metrics.jsonl", "eval/history.jsonl"]
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ctu.runlock import LOCK_NAME, RunDirLock, RunDirLocked
+from ctu.config.runlock import LOCK_NAME, RunDirLock, RunDirLocked
 
 ROOT = Path(__file__).resolve().parents[2]
-HOLD = ("import sys; from ctu.runlock import RunDirLock; lock = RunDirLock(sys.argv[1]).acquire(); "
+HOLD = ("import sys; from ctu.config.runlock import RunDirLock; lock = RunDirLock(sys.argv[1]).acquire(); "
         "print('held', flush=True); sys.stdin.read()")
 
 
@@ -124,7 +124,7 @@ def test_the_lock_code_itself_notes_a_take_over(tmp_path, capsys):
 
 @pytest.mark.parametrize("command", ["eval", "train"])
 def test_every_command_that_takes_over_a_dead_holders_lock_notes_it(tmp_path, capsys, command):
-    from ctu.cli import main
+    from ctu.app.cli import main
 
     run_dir = tmp_path / "run"
     pid = killed_holder(run_dir)
@@ -157,8 +157,8 @@ def test_a_directory_that_cannot_be_flocked_falls_back_to_the_lock_file(tmp_path
 
 
 def test_a_run_dir_that_is_not_a_directory_is_named_in_one_line(tmp_path, capsys):
-    from ctu.cli import main
-    from ctu.runlock import RunDirError
+    from ctu.app.cli import main
+    from ctu.config.runlock import RunDirError
 
     a_file = tmp_path / "file"
     a_file.write_text("x")
@@ -183,7 +183,7 @@ def test_a_run_dir_that_is_not_a_directory_is_named_in_one_line(tmp_path, capsys
 
 
 def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path):
-    from ctu.runlock import RunDirError
+    from ctu.config.runlock import RunDirError
 
     precious = tmp_path / "precious.txt"
     precious.write_text("keep me")

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-import ctu.train.trainer as trainer_module
-from ctu.config import ConfigError, load_config
-from ctu.data import sft
-from ctu.train.trainer import Trainer
+import ctu.app.trainer as trainer_module
+from ctu.app.trainer import Trainer
+from ctu.config.schema import ConfigError, load_config
+from ctu.episode.data import sft
 
 
 def config(run_dir, *extra):

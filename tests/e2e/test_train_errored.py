@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from ctu.cli import main
-from ctu.config import load_config
-from ctu.evaluate import NothingScored
-from ctu.rollout import Trajectory
-from ctu.runlock import RunDirLock
-from ctu.tracking import read_evals, read_metrics
+from ctu.app.cli import main
+from ctu.app.evaluate import NothingScored
+from ctu.app.trainer import Trainer
+from ctu.config.runlock import RunDirLock
+from ctu.config.schema import load_config
+from ctu.observe.tracking import read_evals, read_metrics
+from ctu.rollout.loop import Trajectory
 from ctu.train.checkpoint import list_checkpoints
-from ctu.train.trainer import Trainer
 
 FAST = ["model.path=tiny-random", "trainer.max_steps=2", "trainer.tasks_per_step=2", "trainer.samples_per_task=2", "trainer.sft_steps=0",
         "trainer.eval_max_tasks=1", "sampling.max_tokens=8", "env.max_turns=2", "trainer.ckpt_interval=1",
