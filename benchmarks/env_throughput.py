@@ -22,10 +22,10 @@ import functools
 import os
 import time
 
-from ctu.data.conversations import gold_turns
 from ctu.domains import get_domain
-from ctu.env import AgentTurn, Episode, ToolCall
-from ctu.users.scripted import ScriptedUser
+from ctu.episode.data.conversations import gold_turns
+from ctu.episode.env import AgentTurn, Episode, ToolCall
+from ctu.episode.users.scripted import ScriptedUser
 
 
 def queries(task, searches: int) -> list[str]:

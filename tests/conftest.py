@@ -7,8 +7,8 @@ import pytest
 def chat_format():
     from transformers import AutoTokenizer
 
-    from ctu.chat import ChatFormat
-    from ctu.models import smollm2_tokenizer_dir
+    from ctu.engines.models import smollm2_tokenizer_dir
+    from ctu.rollout.chat import ChatFormat
 
     return ChatFormat(AutoTokenizer.from_pretrained(smollm2_tokenizer_dir()))
 
@@ -40,3 +40,14 @@ def tau2_bench_data() -> str:
             return str(candidate)
     pytest.skip(f"no tau2-bench data with banking_knowledge (set TAU2_DATA_DIR or put a checkout's data at "
                 f"{TAU2_BENCH_DATA})")
+
+
+@pytest.fixture(autouse=True)
+def _no_remembered_secrets():
+    """ctu.config.redact remembers the secrets a command is given for the whole process; a test gets a clean slate (else a
+    short key one test sets would be redacted from the next test's output)."""
+    from ctu.config.redact import forget
+
+    forget()
+    yield
+    forget()

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from ctu.cli import build_parser, main
+from ctu.app.cli import build_parser, main
 from ctu.domains import get_domain
-from ctu.transcripts import gold_transcript
+from ctu.episode.transcripts import gold_transcript
 
 
 def test_every_subcommand_has_help():

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ctu.cli import main
+from ctu.app.cli import main
 
 PRESETS = sorted(Path("configs").glob("*.yaml"))
 

@@ -7,12 +7,12 @@ import json
 import httpx
 import respx
 
-from ctu.cli import main
+from ctu.app.cli import main
+from ctu.app.evaluate import write_report
 from ctu.engines.base import SamplingParams
-from ctu.evaluate import write_report
-from ctu.rollout import EpisodeSpec, RolloutLimits, rollout
-from ctu.users.scripted import ScriptedUser
-from tests.unit.test_rollout import GOLD_TURNS, MINI, TASK, ScriptedModel
+from ctu.episode.users.scripted import ScriptedUser
+from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout
+from tests.unit.rollout.test_rollout import GOLD_TURNS, MINI, TASK, ScriptedModel
 
 FAST = ["model.path=tiny-random", "sampling.max_tokens=12", "env.max_turns=2", "eval.max_tasks=3"]
 
@@ -62,7 +62,7 @@ def test_play_as_a_human(monkeypatch, capsys):
     lines = [f'{{"name": "get_order", "arguments": {{"order_id": "{oid}"}}}}',
              f'<tool_call>{{"name": "cancel_order", "arguments": {{"order_id": "{oid}"}}}}</tool_call>',
              "Your order is cancelled."]
-    # the keyboard is stdin: ctu.play binds the builtin input() as a default argument when first imported, so
+    # the keyboard is stdin: ctu.app.play binds the builtin input() as a default argument when first imported, so
     # patching builtins.input would depend on whether an earlier test already imported it
     monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
     assert main(["play", "--domain", "mini", "--task", TASK.id, "--human"]) == 0

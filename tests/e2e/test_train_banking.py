@@ -2,9 +2,9 @@
 
 import pytest
 
-from ctu.config import load_config
-from ctu.tracking import read_metrics
-from ctu.train.trainer import Trainer
+from ctu.app.trainer import Trainer
+from ctu.config.schema import load_config
+from ctu.observe.tracking import read_metrics
 
 
 @pytest.mark.slow  # ~60 s on a shared 2-core CPU: 4k-token prompts through tiny-random

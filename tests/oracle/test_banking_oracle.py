@@ -30,8 +30,8 @@ from ctu.domains.banking_knowledge import load  # noqa: E402
 from ctu.domains.banking_knowledge.agent_tools import DISCOVERABLE_TOOLS  # noqa: E402
 from ctu.domains.banking_knowledge.retrieval import VARIANTS  # noqa: E402
 from ctu.domains.banking_knowledge.toolkit import USER  # noqa: E402
-from ctu.reward import score_transcript  # noqa: E402
-from ctu.transcripts import ending, parse_line  # noqa: E402
+from ctu.episode.reward import score_transcript  # noqa: E402
+from ctu.episode.transcripts import ending, parse_line  # noqa: E402
 from tests.oracle import bridge, conftest  # noqa: E402
 from tests.oracle.banking_bridge import LIVE_VARIANT, BankingOracle, policy, schemas, untimed  # noqa: E402
 from tests.oracle.strategies import Call, build_pool, gold_plan, transcripts  # noqa: E402
