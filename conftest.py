@@ -19,7 +19,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 # trainer.autocast=auto picks bf16 only on CPUs that compute it natively: pin "no" so every CPU kind runs the same
-# numbers (tests/unit/test_precision_auto.py lifts the pin in subprocesses to test the detection itself)
+# numbers (tests/unit/train/test_precision_auto.py lifts the pin in subprocesses to test the detection itself)
 os.environ.setdefault("CTU_NATIVE_BF16", "0")
 
 

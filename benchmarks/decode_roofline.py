@@ -26,7 +26,7 @@ import torch
 
 from ctu.engines.base import SamplingParams
 from ctu.engines.hf import HFEngine
-from ctu.models import load_model, load_tokenizer
+from ctu.engines.models import load_model, load_tokenizer
 
 
 def best_seconds(fn, repeats: int = 5) -> float:
@@ -87,9 +87,9 @@ def prompts_for(tokenizer, batch: int, prompt_tokens: int) -> list[list[int]]:
 def mini_prompts(tokenizer, batch: int) -> list[list[int]]:
     """The first agent turn of ``batch`` mini test tasks, rendered as the quickstart renders them (compact
     template): what a rollout's first decode sees."""
-    from ctu.chat import ChatFormat
-    from ctu.data.conversations import gold_conversations
     from ctu.domains import get_domain
+    from ctu.episode.data.conversations import gold_conversations
+    from ctu.rollout.chat import ChatFormat
 
     chat = ChatFormat(tokenizer, template="compact")
     domain = get_domain("mini")

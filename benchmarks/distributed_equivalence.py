@@ -33,9 +33,9 @@ def main() -> None:
     import respx
     import torch
 
-    from ctu.config import load_config
-    from ctu.tracking import read_metrics
-    from ctu.train.trainer import Trainer
+    from ctu.app.trainer import Trainer
+    from ctu.config.schema import load_config
+    from ctu.observe.tracking import read_metrics
     from tests.e2e.test_train import JUDGE, judge_reply
 
     torch.cuda.is_available = lambda: False  # the CPU path

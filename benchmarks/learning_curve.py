@@ -23,13 +23,13 @@ from pathlib import Path
 
 import torch
 
-from ctu.config import load_config
+from ctu.app.evaluate import episode_specs, progress_bar, write_report
+from ctu.app.trainer import Trainer
+from ctu.config.schema import load_config
 from ctu.distributed.group import sft_batches
-from ctu.evaluate import episode_specs, progress_bar, write_report
-from ctu.report import task_successes
-from ctu.stats import bootstrap_ci, paired_change_ci, seeds_summary
+from ctu.observe.report import task_successes
+from ctu.observe.stats import bootstrap_ci, paired_change_ci, seeds_summary
 from ctu.train.demos import gold_samples, warm_start_samples
-from ctu.train.trainer import Trainer
 from ctu.train.update import release_memory
 
 
@@ -224,7 +224,7 @@ def main() -> None:
 
 def arm_summary(runs: list[dict]) -> dict:
     """One arm over its seeds: each seed's change from the warm start to its last evaluation with a paired bootstrap
-    interval over the same tasks, and across seeds mean/min/max with a t interval (see ctu/stats.py)."""
+    interval over the same tasks, and across seeds mean/min/max with a t interval (see ctu/observe/stats.py)."""
     seeds = []
     for r in runs:
         first, last = r["points"][0], r["points"][-1]

@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ctu.chat import ChatFormat  # noqa: E402
 from ctu.domains import get_domain  # noqa: E402
 from ctu.engines.base import Completion, Engine, SamplingParams  # noqa: E402
-from ctu.models import load_tokenizer, resolve_model  # noqa: E402
-from ctu.rollout import EpisodeSpec, RolloutLimits, rollout  # noqa: E402
-from ctu.users.llm import LLMUser, LLMUserConfig  # noqa: E402
+from ctu.engines.models import load_tokenizer, resolve_model  # noqa: E402
+from ctu.episode.users.llm import LLMUser, LLMUserConfig  # noqa: E402
+from ctu.rollout.chat import ChatFormat  # noqa: E402
+from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout  # noqa: E402
 from tests.real_server import TransformersServer  # noqa: E402
 
 SCAFFOLDING = ("Thought:", "Reflection:", "User Response:", "Response:", "<the corrected customer reply>")

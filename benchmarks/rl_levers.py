@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning_curve import snapshot, success, task_kind  # noqa: E402
 
-from ctu.config import load_config  # noqa: E402
-from ctu.train.trainer import Trainer  # noqa: E402
+from ctu.app.trainer import Trainer  # noqa: E402
+from ctu.config.schema import load_config  # noqa: E402
 
 
 def per_kind(tasks: dict[str, float], kinds: dict[str, str]) -> str:

@@ -12,13 +12,13 @@ import argparse
 import asyncio
 import time
 
-from ctu.chat import ChatFormat
 from ctu.domains import get_domain
 from ctu.engines.base import SamplingParams
 from ctu.engines.hf import HFEngine
-from ctu.models import load_model, load_tokenizer
-from ctu.rollout import EpisodeSpec, RolloutLimits, rollout
-from ctu.users.scripted import ScriptedUser
+from ctu.engines.models import load_model, load_tokenizer
+from ctu.episode.users.scripted import ScriptedUser
+from ctu.rollout.chat import ChatFormat
+from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout
 
 
 def main() -> None:

@@ -26,11 +26,11 @@ from dataclasses import replace
 
 import torch
 
-from ctu.components import build_chat, build_domains, build_engine, build_user, sampling_params
-from ctu.config import load_config
-from ctu.models import load_model, load_tokenizer
-from ctu.rollout import EpisodeSpec, RolloutLimits, rollout
-from ctu.users.base import UserSession, UserSimulator
+from ctu.config.schema import load_config
+from ctu.engines.models import load_model, load_tokenizer
+from ctu.episode.users.base import UserSession, UserSimulator
+from ctu.rollout.components import build_chat, build_domains, build_engine, build_user, sampling_params
+from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout
 
 
 class PatientUser(UserSimulator):
@@ -101,7 +101,7 @@ def main() -> None:
     config = load_config(args.config, args.overrides)
     model_path = args.model or config.model.path
     if args.warm_start:
-        from ctu.train.trainer import Trainer
+        from ctu.app.trainer import Trainer
 
         trainer = Trainer(replace(config, model=replace(config.model, path=model_path),
                                   run=replace(config.run, dir="/tmp/ctu-rollout-speed", overwrite=True),

@@ -23,8 +23,8 @@ def child(args) -> None:
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     import ctu.train.logprobs as logprobs
-    from ctu.config import load_config
-    from ctu.models import smollm2_tokenizer_dir
+    from ctu.config.schema import load_config
+    from ctu.engines.models import smollm2_tokenizer_dir
     from ctu.train.policy import build_policy
     from ctu.train.update import policy_update, to_sample
 

@@ -41,10 +41,10 @@ def main() -> None:
 
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from ctu.config import load_config
-    from ctu.models import smollm2_tokenizer_dir
+    from ctu.config.schema import load_config
+    from ctu.distributed.group import lr_schedule
+    from ctu.engines.models import smollm2_tokenizer_dir
     from ctu.train.policy import assert_precision_policy, build_policy
-    from ctu.train.trainer import _schedule
     from ctu.train.update import policy_update, to_sample
 
     hidden, inter, layers, heads, kv = SHAPES[args.shape]
@@ -65,7 +65,7 @@ def main() -> None:
     params = sum(p.numel() for p in policy.model.parameters())
     trainable = sum(p.numel() for p in policy.trainable_parameters())
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-5)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(config.trainer, 10 * args.repeats))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(config.trainer, 10 * args.repeats))
     rng = random.Random(0)
     prompt_len = args.seq_len // 2
     samples = []

@@ -38,9 +38,9 @@ def ctu_half(threads: int, repeats: int, workdir: str) -> tuple[str, list[str], 
     """(model dir, the prompt texts, seconds of each ctu GRPO step)."""
     import torch
 
-    from ctu.config import load_config
-    from ctu.models import resolve_model
-    from ctu.train.trainer import Trainer
+    from ctu.app.trainer import Trainer
+    from ctu.config.schema import load_config
+    from ctu.engines.models import resolve_model
 
     torch.set_num_threads(threads)
     overrides = [

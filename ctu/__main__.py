@@ -1,5 +1,5 @@
 import sys
 
-from ctu.cli import main
+from ctu.app.cli import main
 
 sys.exit(main())

@@ -19,8 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ctu.report import run_outcome
-from ctu.stats import paired_change_ci, seeds_summary
+from ctu.observe.report import run_outcome
+from ctu.observe.stats import paired_change_ci, seeds_summary
 
 
 def aggregate(run_dirs: Sequence[str | Path]) -> dict[str, Any]:

@@ -1,8 +1,8 @@
-"""Shared by the ctu.plan tests (tests/unit/test_plan_*.py): the presets they plan and how they read a plan's parts."""
+"""Shared by the ctu.app.plan tests (tests/unit/test_plan_*.py): the presets they plan and how they read a plan's parts."""
 
 from pathlib import Path
 
-from ctu.plan import CUDA_CONTEXT, FRAGMENTATION
+from ctu.app.plan import CUDA_CONTEXT, FRAGMENTATION
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 QWEN3_8B = str(CONFIGS / "qwen3-8b-lora.yaml")

@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from ctu.engines.hf_api import checkpointing_enabled, enable_checkpointing
 from ctu.engines.precision import COMPUTE_DEVICE_ATTR, COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR
-from ctu.train.policy import Policy
+from ctu.train.policy import Policy, _reshard, reshard
 from ctu.train.weights import hf_name, lora_modules
 
 __all__ = ["gathered_lora_tensors", "gathered_named_tensors", "is_sharded", "make_reduce", "reshard", "shard_policy"]
@@ -137,20 +137,6 @@ def shard_policy(policy: Policy, mesh_or_group=None, compute_dtype: torch.dtype 
 def is_sharded(policy_or_model) -> bool:
     model = getattr(policy_or_model, "model", policy_or_model)
     return getattr(model, SHARDED_ATTR, None) is not None
-
-
-def _reshard(model: nn.Module) -> None:
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
-
-
-def reshard(*models: nn.Module | None) -> None:
-    """Free every gathered FSDP unit of ``models`` (None and unsharded models: nothing to do); local, no
-    collective. After passes without backward: FSDP2 reshards the root only at the end of a backward."""
-    for model in models:
-        if model is not None:
-            _reshard(model)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

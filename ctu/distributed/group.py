@@ -1,7 +1,7 @@
 """Trainer groups: where the policy lives and is updated. One small interface, an in-process implementation
 (the default) and a Ray one (:mod:`ctu.distributed.ray_trainer`: FSDP2 ranks as Ray actors).
 
-The driver loop (:class:`ctu.train.trainer.Trainer`) talks to a :class:`TrainerGroup` only, as it talks to a
+The driver loop (:class:`ctu.app.trainer.Trainer`) talks to a :class:`TrainerGroup` only, as it talks to a
 :class:`~ctu.distributed.pool.RolloutPool` for episodes: ``update`` runs one GRPO/PPO update on finished
 episodes, ``kl`` scores KL to the reference (KL in the reward), ``sft`` runs the supervised warm start and
 makes its result the KL reference, the ``*_weights`` methods give what a weight sync sends, ``score`` is the
@@ -9,7 +9,7 @@ trainer's side of the parity probe, ``save``/``load`` checkpoint, ``export`` wri
 
 Both implementations run the same functions of :mod:`ctu.train.update`; the Ray group splits the episodes into
 contiguous slices, one per rank, and passes FSDP's ``reduce`` hook, so one update over N ranks equals the
-in-process update (tests/unit/test_fsdp.py, tests/e2e/test_train_ray.py).
+in-process update (tests/unit/distributed/test_fsdp.py, tests/e2e/test_train_ray.py).
 """
 
 from __future__ import annotations
@@ -57,15 +57,6 @@ def sft_batches(demos: Sequence[Sample], steps: int, batch_size: int, seed: int)
     """The warm start's batches (indices into ``demos``): the same draws in every trainer group."""
     rng = random.Random(seed)
     return [rng.sample(range(len(demos)), min(len(demos), batch_size)) for _ in range(steps)]
-
-
-def build_trainer_group(config) -> TrainerGroup:
-    """In this process (``distributed.trainer_workers=0``, the default) or N FSDP2 ranks as Ray actors."""
-    if config.distributed.trainer_workers:
-        from ctu.distributed.ray_trainer import RayTrainerGroup
-
-        return RayTrainerGroup(config)
-    return LocalTrainer(config)
 
 
 class TrainerGroup(ABC):

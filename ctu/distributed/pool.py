@@ -4,7 +4,7 @@ The driver loop talks to a :class:`RolloutPool` only: ``run`` plays episodes and
 order of the specs, ``update_weights`` sends the trainer's merged Hugging Face weights of a policy version,
 ``sleep``/``wake_up`` bracket an update (colocated engines), ``parity`` scores the parity probe on every worker.
 
-Same numbers wherever an episode runs: :func:`ctu.rollout.rollout` seeds episode ``i`` of a call with
+Same numbers wherever an episode runs: :func:`ctu.rollout.loop.rollout` seeds episode ``i`` of a call with
 ``seed + i`` (its user session and every turn's sampling seed derive from it). A pool that splits a call's
 episodes into contiguous chunks and runs chunk ``specs[a:b]`` as ``rollout(specs[a:b], ..., seed=seed + a)``
 gives every episode the seed of its global index, so which worker runs it does not change what it samples.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ctu.engines.base import Engine, SamplingParams
 from ctu.engines.parity import PROBE_PROMPT, ScoreFn, probe_parity
-from ctu.rollout import EpisodeSpec, RolloutLimits, Trajectory, rollout
+from ctu.rollout.loop import EpisodeSpec, RolloutLimits, Trajectory, rollout
 
 NamedTensors = Iterable[tuple[str, object]]
 

@@ -1,6 +1,6 @@
 """Rollouts on Ray actors: each worker holds its own engine, the domains, the chat format and the user simulator.
 
-Workers are built from the :class:`~ctu.config.Config` inside the actor (domains and engines are not shipped).
+Workers are built from the :class:`~ctu.config.schema.Config` inside the actor (domains and engines are not shipped).
 A call's episodes are split into contiguous chunks, one per live worker, sent as ``(domain, task id, sample)``
 keys with the chunk's start index: episode ``i`` is seeded ``seed + i`` on any worker (see
 :mod:`ctu.distributed.pool`), so the Ray pool samples what the in-process pool samples.
@@ -35,18 +35,9 @@ from ctu.distributed.pool import (
     rebuild_specs,
     run_chunk,
 )
-from ctu.distributed.ray_setup import check_room, pool_demand, start_ray, wait_started
+from ctu.distributed.ray_setup import check_room, import_ray, pool_demand, start_ray, wait_started
 from ctu.engines.base import SamplingParams
-from ctu.rollout import EpisodeSpec, Trajectory
-
-
-def _import_ray():
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report leaves the machine
-    try:
-        import ray
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ImportError("Ray rollout workers need ray: pip install 'ctu[distributed]'") from exc
-    return ray
+from ctu.rollout.loop import EpisodeSpec, Trajectory
 
 
 class RolloutWorker:
@@ -59,8 +50,8 @@ class RolloutWorker:
     def __init__(self, config, fault_file: str | None = None):
         import torch
 
-        from ctu import components as build
-        from ctu.models import load_model, load_tokenizer
+        from ctu.engines.models import load_model, load_tokenizer
+        from ctu.rollout import components as build
 
         self.config = config
         self.fault_file = fault_file
@@ -107,7 +98,7 @@ class RolloutWorker:
         judge = None
         if judge_enabled:
             if self._judge is None:
-                from ctu.components import build_judge
+                from ctu.rollout.components import build_judge
 
                 self._judge = build_judge(self.config)
             judge = self._judge
@@ -150,7 +141,7 @@ class RayPool(RolloutPool):
     initialised. ``num_cpus``/``num_gpus``: per worker. ``max_restarts``: how often Ray restarts a dead worker;
     ``restart_timeout_s``: how long a rerun waits for the restart.
     ``fault_files``: worker index -> fault file (tests; see :class:`RolloutWorker`).
-    ``placement``: ``{"pg", "bundles", "worker_gpu"}`` from :func:`ctu.distributed.ray_trainer.placement_bundles`
+    ``placement``: ``{"pg", "bundles", "worker_gpu"}`` from :func:`ctu.distributed.ray_setup.placement_bundles`
     (worker k in bundle ``bundles[k]`` of placement group ``pg``); None: anywhere in the cluster, after checking
     the workers fit it. ``start_timeout_s`` (default ``distributed.start_timeout_s``) bounds the wait for every
     worker to start (:mod:`ctu.distributed.ray_setup`).
@@ -162,7 +153,7 @@ class RayPool(RolloutPool):
                  start_timeout_s: float | None = None):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-        ray = _import_ray()
+        ray = import_ray()
         bundles, what = pool_demand(num_workers, num_cpus, num_gpus)
         if placement is None and address is None and not ray.is_initialized():
             check_room(ray, bundles, what)  # this machine, before a local cluster is started
@@ -206,7 +197,7 @@ class RayPool(RolloutPool):
 
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int,
             judge_enabled: bool = False, on_done=None) -> list[Trajectory]:
-        ray = _import_ray()
+        ray = import_ray()
         from ray.exceptions import RayActorError
 
         keys = [SpecKey.of(s) for s in specs]
@@ -245,7 +236,7 @@ class RayPool(RolloutPool):
 
     def _await_restart(self, k: int) -> bool:
         """Wait until Ray has restarted worker ``k`` (True), or it is dead for good or not back in time (False)."""
-        ray = _import_ray()
+        ray = import_ray()
         from ray.exceptions import ActorUnavailableError, RayActorError
 
         deadline = time.monotonic() + self.restart_timeout_s
@@ -272,7 +263,7 @@ class RayPool(RolloutPool):
         restarts it and its next call loads these weights first."""
         from ctu.distributed.transfer import PackedRef, pack, wire_dtype
 
-        ray = _import_ray()
+        ray = import_ray()
         if isinstance(named_tensors, PackedRef):
             self.weights_ref = named_tensors.ref
         else:
@@ -287,7 +278,7 @@ class RayPool(RolloutPool):
                prompt_ids: Sequence[int] = PROBE_PROMPT) -> list[float]:
         """One probe diff per worker, each on the latest weights (workers no longer given episodes: NaN, which
         fails ``check_parity``)."""
-        ray = _import_ray()
+        ray = import_ray()
         params = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=tokens, seed=seed)
         live = self.live()
         refs = [self.workers[k].generate.remote([list(prompt_ids)], params, self._box(), self.version) for k in live]
@@ -311,7 +302,7 @@ class RayPool(RolloutPool):
         self._broadcast("wake_up")
 
     def _broadcast(self, method: str, *args, tolerate_deaths: bool = False) -> list:
-        ray = _import_ray()
+        ray = import_ray()
         from ray.exceptions import RayActorError
 
         refs = [getattr(self.workers[k], method).remote(*args) for k in self.live()]
@@ -326,7 +317,7 @@ class RayPool(RolloutPool):
         return out
 
     def close(self) -> None:
-        ray = _import_ray()
+        ray = import_ray()
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         self.workers = []

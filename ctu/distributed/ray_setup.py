@@ -21,6 +21,7 @@ import re
 import socket
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 CONNECT_TIMEOUT_S = 10.0  # a TCP connect to the cluster's address: refused at once, unanswered within this
 RESOURCES = ("CPU", "GPU")
@@ -28,6 +29,16 @@ RESOURCES = ("CPU", "GPU")
 
 class RaySetupError(RuntimeError):
     """A Ray set-up that cannot work: the message (one line) names the config keys and the numbers."""
+
+
+def import_ray():
+    """Ray, imported when first needed (``ctu`` imports without it), with its usage report off."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report leaves the machine
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError("Ray rollout workers need ray: pip install 'ctu[distributed]'") from exc
+    return ray
 
 
 def address_endpoint(address: str | None) -> tuple[str, int] | None:
@@ -169,11 +180,33 @@ def pool_demand(workers: int, cpus: float, gpus: float = 0.0) -> tuple[list[dict
     return [{"CPU": float(cpus), "GPU": float(gpus)}] * workers, what
 
 
+def placement_bundles(trainers: int, workers: int, placement: str, trainer_cpus: float, worker_cpus: float,
+                      gpu: float) -> tuple[list[dict[str, float]], dict[str, Any] | None]:
+    """The placement group's bundles and where rollout workers go (None: no rollout workers).
+
+    ``colocated``: one bundle per trainer rank; rollout worker k shares bundle k % trainers (and its GPU, split
+    evenly between the rank and its workers). ``split``: trainer bundles, then one bundle per rollout worker."""
+    if placement not in ("colocated", "split"):
+        raise ValueError(f"distributed.placement: must be colocated or split, got {placement!r}")
+    if placement == "split":
+        bundles = [_bundle(trainer_cpus, gpu) for _ in range(trainers)]
+        bundles += [_bundle(worker_cpus, gpu) for _ in range(workers)]
+        where = {"bundles": list(range(trainers, trainers + workers)), "worker_gpu": gpu, "trainer_gpu": gpu}
+        return bundles, where if workers else None
+    per_bundle = [1 + sum(1 for w in range(workers) if w % trainers == k) for k in range(trainers)]
+    bundles = [_bundle(trainer_cpus + (n - 1) * worker_cpus, gpu) for n in per_bundle]
+    share = gpu / max(per_bundle) if gpu else 0.0
+    where = {"bundles": [w % trainers for w in range(workers)], "worker_gpu": share, "trainer_gpu": share}
+    return bundles, where if workers else None
+
+
+def _bundle(cpus: float, gpu: float) -> dict[str, float]:
+    return {"CPU": cpus, **({"GPU": gpu} if gpu else {})}
+
+
 def group_demand(d, gpu: float) -> tuple[list[dict[str, float]], str]:
     """The trainer group's placement bundles (``d``: ``config.distributed``; ``gpu``: per trainer rank), and the
     keys behind them."""
-    from ctu.distributed.ray_trainer import placement_bundles  # lazy: that module imports this one
-
     bundles, _ = placement_bundles(d.trainer_workers, d.rollout_workers, d.placement, d.trainer_cpus,
                                    d.worker_cpus, gpu)
     what = (f"distributed.trainer_workers={d.trainer_workers} (distributed.trainer_cpus={d.trainer_cpus:g} each) "
@@ -188,9 +221,7 @@ def preflight(config) -> None:
     d = config.distributed
     if not (d.rollout_workers or d.trainer_workers):
         return
-    from ctu.distributed.ray_pool import _import_ray
-
-    ray = _import_ray()
+    ray = import_ray()
     if not ray.is_initialized() and d.address:
         probe_address(d.address)
         return

@@ -22,13 +22,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ctu.distributed.group import TrainerGroup, TrainerRankError, build_optimizer, contiguous_slices
-from ctu.distributed.ray_pool import _import_ray
-from ctu.distributed.ray_setup import RaySetupError, check_room, group_demand, local_room, start_ray, wait_started
+from ctu.distributed.ray_setup import (
+    RaySetupError,
+    check_room,
+    group_demand,
+    import_ray,
+    local_room,
+    placement_bundles,
+    start_ray,
+    wait_started,
+)
 
 REFERENCE = "reference.pt"
 
@@ -66,7 +73,7 @@ class TrainerRank:
         import torch.distributed as dist
 
         from ctu.distributed.fsdp import make_reduce, shard_policy
-        from ctu.models import load_tokenizer
+        from ctu.engines.models import load_tokenizer
         from ctu.train.policy import build_policy
 
         cuda = torch.cuda.is_available()
@@ -222,7 +229,7 @@ class RayTrainerGroup(TrainerGroup):
     """``config.distributed.trainer_workers`` :class:`TrainerRank` actors in a placement group."""
 
     def __init__(self, config, fault_files: dict[int, str] | None = None):
-        ray = _import_ray()
+        ray = import_ray()
         d = config.distributed
         self.config = config
         if not d.address and not ray.is_initialized():  # this machine, before a local cluster is started
@@ -241,7 +248,7 @@ class RayTrainerGroup(TrainerGroup):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from ctu.models import load_tokenizer
+        from ctu.engines.models import load_tokenizer
 
         d = config.distributed
         n, m = d.trainer_workers, d.rollout_workers
@@ -278,11 +285,11 @@ class RayTrainerGroup(TrainerGroup):
 
     @property
     def precision_note(self) -> str:
-        return f"{_import_ray().get(self.ranks[0].precision_note.remote())} (rank 0 of {len(self.ranks)})"
+        return f"{import_ray().get(self.ranks[0].precision_note.remote())} (rank 0 of {len(self.ranks)})"
 
     def _all(self, method: str, *args, per_rank: list | None = None, what: str | None = None) -> list:
         """Call ``method`` on every rank at once (``per_rank``: rank k's first argument); their answers."""
-        ray = _import_ray()
+        ray = import_ray()
         from ray.exceptions import RayActorError, RayTaskError
 
         refs = [getattr(r, method).remote(*([per_rank[k]] if per_rank is not None else []), *args)
@@ -349,7 +356,7 @@ class RayTrainerGroup(TrainerGroup):
         return self._all("export", str(out_dir), base_path, what="the export")[0]
 
     def close(self) -> None:
-        ray = _import_ray()
+        ray = import_ray()
         from ray.util.placement_group import remove_placement_group
 
         for rank in self.ranks:
@@ -361,30 +368,6 @@ class RayTrainerGroup(TrainerGroup):
         if self.started_ray:
             ray.shutdown()
             self.started_ray = False
-
-
-def placement_bundles(trainers: int, workers: int, placement: str, trainer_cpus: float, worker_cpus: float,
-                      gpu: float) -> tuple[list[dict[str, float]], dict[str, Any] | None]:
-    """The placement group's bundles and where rollout workers go (None: no rollout workers).
-
-    ``colocated``: one bundle per trainer rank; rollout worker k shares bundle k % trainers (and its GPU, split
-    evenly between the rank and its workers). ``split``: trainer bundles, then one bundle per rollout worker."""
-    if placement not in ("colocated", "split"):
-        raise ValueError(f"distributed.placement: must be colocated or split, got {placement!r}")
-    if placement == "split":
-        bundles = [_bundle(trainer_cpus, gpu) for _ in range(trainers)]
-        bundles += [_bundle(worker_cpus, gpu) for _ in range(workers)]
-        where = {"bundles": list(range(trainers, trainers + workers)), "worker_gpu": gpu, "trainer_gpu": gpu}
-        return bundles, where if workers else None
-    per_bundle = [1 + sum(1 for w in range(workers) if w % trainers == k) for k in range(trainers)]
-    bundles = [_bundle(trainer_cpus + (n - 1) * worker_cpus, gpu) for n in per_bundle]
-    share = gpu / max(per_bundle) if gpu else 0.0
-    where = {"bundles": [w % trainers for w in range(workers)], "worker_gpu": share, "trainer_gpu": share}
-    return bundles, where if workers else None
-
-
-def _bundle(cpus: float, gpu: float) -> dict[str, float]:
-    return {"CPU": cpus, **({"GPU": gpu} if gpu else {})}
 
 
 def _alive(ray, actor) -> bool:

@@ -1,4 +1,4 @@
-"""Domains: retail, airline and telecom (tau2-bench semantics over tau2's data files), and mini.
+"""Domains: retail, airline, telecom and banking_knowledge (tau2-bench semantics over tau2's data files), and mini.
 
 Your own domain: name it ``package.module:function`` in ``env.domains``; ``function(data_dir)`` returns a
 :class:`~ctu.domains.base.Domain`.
@@ -11,18 +11,32 @@ import importlib
 
 from ctu.domains.base import Domain
 
-DOMAINS = ("mini", "retail", "airline", "telecom")
+DOMAINS = ("mini", "retail", "airline", "telecom", "banking_knowledge")
+
+
+def get_domain(name: str, data_dir: str | None = None, retrieval_variant: str | None = None) -> Domain:
+    """Load a domain by name or ``module:function`` (cached: the base DB is shared read-only by all episodes).
+
+    ``retrieval_variant`` (config key ``env.retrieval_variant``) picks banking_knowledge's knowledge-base access
+    (default ``bm25``); other domains have none and ignore it (one cached domain whatever it says).
+    """
+    variant = (retrieval_variant or "bm25") if name == "banking_knowledge" else None
+    return _load_domain(name, data_dir, variant)
 
 
 @functools.cache
-def get_domain(name: str, data_dir: str | None = None) -> Domain:
-    """Load a domain by name or ``module:function`` (cached: the base DB is shared read-only by all episodes)."""
+def _load_domain(name: str, data_dir: str | None, retrieval_variant: str | None) -> Domain:
     if ":" in name:
         return _load_custom(name, data_dir)
     if name not in DOMAINS:
         raise KeyError(f"unknown domain '{name}' (known: {', '.join(DOMAINS)})")
     module = importlib.import_module(f"ctu.domains.{name}")
+    if name == "banking_knowledge":
+        return module.load(data_dir, retrieval_variant)
     return module.load(data_dir)
+
+
+get_domain.cache_clear = _load_domain.cache_clear  # type: ignore[attr-defined]
 
 
 def _load_custom(spec: str, data_dir: str | None) -> Domain:

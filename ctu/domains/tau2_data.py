@@ -53,7 +53,7 @@ WHEEL_FILES = ("db.toml", "user_db.toml", "main_policy.md", "tech_support_manual
 
 def wheel_dirs() -> list[Path]:
     """Where downloaded data wheels are looked for: ctu's cache, then the default one README's command writes."""
-    from ctu.models import cache_dir
+    from ctu.engines.models import cache_dir
 
     dirs = [cache_dir() / "wheels", Path(os.path.expanduser("~/.cache/ctu/wheels"))]
     return list(dict.fromkeys(dirs))

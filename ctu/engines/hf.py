@@ -4,7 +4,7 @@ Prompts are batched (prompt x n rows; their shared prefix, e.g. the system promp
 the rest left-padded after it), decoded step by step with the model's KV cache, and sampled with temperature and
 top-p from a seeded generator. With ``kv_reuse`` (default) each row's KV cache is kept after generation, so the next
 turn of the same conversation runs only its new tokens (:mod:`ctu.engines.kv_reuse`); without it every prompt is
-prefilled whole (:func:`ctu.shared_prefix.prefill`). Both give the same tokens and logprobs up to float rounding. The
+prefilled whole (:func:`ctu.engines.shared_prefix.prefill`). Both give the same tokens and logprobs up to float rounding. The
 logprob of each sampled token is taken from ``log_softmax(logits / temperature)`` (plain
 ``log_softmax`` when greedy) before top-p truncation — the same quantity the trainer
 computes with the same temperature, so sampler and trainer logprobs are comparable.
@@ -24,7 +24,7 @@ from ctu.engines import kv_reuse as kvr
 from ctu.engines.base import Completion, Engine, SamplingParams
 from ctu.engines.hf_api import cache_of, with_cache
 from ctu.engines.precision import compute_context
-from ctu.shared_prefix import prefill
+from ctu.engines.shared_prefix import prefill
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -105,7 +105,7 @@ class HFEngine(Engine):
     def __init__(self, model_or_name, tokenizer=None, device: str | None = None, dtype=None, max_batch_size: int = 64,
                  kv_reuse: bool = True, kv_cache_tokens: int = 32768):
         if isinstance(model_or_name, str):
-            from ctu.models import load_model, load_tokenizer
+            from ctu.engines.models import load_model, load_tokenizer
 
             self.model = load_model(model_or_name, dtype=dtype, device=device)
             tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_or_name)

@@ -13,7 +13,7 @@ it) or when its conversation is released (the episode ended); the engine drops e
 change.
 
 A batch is laid out, row by row, as ``[shared prefix | padding | cached KV | padding | new tokens]`` with an
-attention mask over the padding and position ids that skip it, as :func:`ctu.shared_prefix.prefill` does.
+attention mask over the padding and position ids that skip it, as :func:`ctu.engines.shared_prefix.prefill` does.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ctu.shared_prefix import MIN_SHARED, common_prefix_length
+from ctu.engines.shared_prefix import MIN_SHARED, common_prefix_length
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [1, heads, length, head_dim]
 

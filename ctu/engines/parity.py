@@ -56,7 +56,7 @@ def probe_parity(engine: Engine, score_fn: ScoreFn, prompt_ids: Sequence[int] = 
 # differently (vLLM vs the trainer's autocast, KV-cached decode vs a full forward) move the sampled token's logit
 # and the log-sum-exp by up to a spacing each, more after the hidden states' own rounding: PARITY_SPACINGS
 # spacings, divided by the temperature (the probe scores log_softmax(z / T)). A random Qwen-vocabulary model in
-# bf16 on CPU (tests/unit/test_parity_bf16.py) shows 0.12-0.45 nats between two bf16 paths at T = 1.
+# bf16 on CPU (tests/unit/engines/test_parity_bf16.py) shows 0.12-0.45 nats between two bf16 paths at T = 1.
 LOGIT_SCALE = 32.0
 PARITY_SPACINGS = 4
 MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}

@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
+from ctu.config.redact import redact
 from ctu.engines.base import Completion, Engine, SamplingParams
-from ctu.redact import redact_url
 
 
 class RemoteEngineError(RuntimeError):
@@ -75,7 +75,7 @@ class RemoteEngine(Engine):
         self._rng = random.Random(0)
 
     def __repr__(self) -> str:
-        return f"RemoteEngine(url={redact_url(self.url)!r}, model={self.model!r})"
+        return f"RemoteEngine(url={redact(self.url)!r}, model={self.model!r})"
 
     def request_body(self, prompt: Sequence[int], params: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -101,7 +101,7 @@ class RemoteEngine(Engine):
                 if response.status_code == 200:
                     return response.json()
                 if response.status_code != 429 and response.status_code < 500:
-                    raise RemoteEngineError(f"{redact_url(self.url)} refused the request: HTTP {response.status_code}: "
+                    raise RemoteEngineError(f"{redact(self.url)} refused the request: HTTP {response.status_code}: "
                                             f"{response.text[:200]}")
                 last = f"HTTP {response.status_code}"
                 retry_after = response.headers.get("retry-after")
@@ -111,7 +111,7 @@ class RemoteEngine(Engine):
             if attempt < attempts:
                 backoff = min(self.backoff[1], self.backoff[0] * 2 ** (attempt - 1)) * (0.5 + self._rng.random() / 2)
                 await self._sleep(min(self.backoff[1], delay) if delay is not None else backoff)
-        raise RemoteEngineError(f"{redact_url(self.url)} failed after {attempts} attempts (last error: {last})")
+        raise RemoteEngineError(f"{redact(self.url)} failed after {attempts} attempts (last error: {last})")
 
     async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                        seeds: Sequence[int] | None = None) -> list[list[Completion]]:

@@ -72,11 +72,11 @@ import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+from ctu.config.checks import VLLM_LORA_RANKS
 from ctu.engines.base import Completion, Engine, SamplingParams
 
 log = logging.getLogger(__name__)
 PEFT_NAME = re.compile(r"(^base_model\.model\.)|(\.base_layer\.)|(lora_[AB])|(lora_embedding_[AB])|(modules_to_save)")
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py: MaxLoRARanks
 SHARD_BYTES = 1 << 30  # safetensors shard size when weights go through a directory
 
 
@@ -114,7 +114,7 @@ def vllm_dtype(model_dtype: str, cuda: bool) -> str:
 
 
 def sleep_level_for(weight_sync: str) -> int:
-    """vLLM's sleep level for an engine synced by ``weight_sync`` (``ctu.config.weight_sync_mode``): 2 (discard
+    """vLLM's sleep level for an engine synced by ``weight_sync`` (``ctu.config.schema.weight_sync_mode``): 2 (discard
     the weights) when every sync overwrites them all (merged), 1 (keep them on the host) when the base stays."""
     return 2 if weight_sync == "merged" else 1
 
@@ -181,7 +181,7 @@ class VLLMEngine(Engine):
         import vllm
         from vllm.platforms import current_platform
 
-        from ctu.models import resolve_model
+        from ctu.engines.models import resolve_model
 
         self._vllm = vllm
         self.weights_via, self.shard_bytes = weights_via, int(shard_bytes)

@@ -115,6 +115,11 @@ def resolve_resume(root: str | Path, resume: str | None) -> Path | None:
     return path
 
 
+def checkpoint_step(path: str | Path) -> int:
+    """The step a complete checkpoint holds, from its marker (no weights are read)."""
+    return int(json.loads((Path(path) / COMPLETE).read_text())["step"])
+
+
 def checkpoint_format(path: str | Path) -> str:
     """"dcp" (``ctu.distributed.dcp``: shards from Ray trainer ranks) or "local" (this module's ``trainable.pt``)."""
     return json.loads((Path(path) / COMPLETE).read_text()).get("format", "local")

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from ctu.data.conversations import DataError, gold_conversations, gold_turns
-from ctu.env import agent_view
+from ctu.episode.data.conversations import DataError, gold_conversations, gold_turns
+from ctu.episode.env import agent_view
 from ctu.train.update import Sample, to_sample
 
-__all__ = ["conversation_sample", "demo_tasks", "file_samples", "fit_context", "gold_samples", "gold_turns", "warm_start_samples"]
+__all__ = ["conversation_sample", "demo_tasks", "file_samples", "fit_context", "gold_samples", "gold_turns",
+           "prepared_samples", "warm_start_samples"]
 
 
 def conversation_sample(chat, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> Sample:
@@ -56,7 +58,7 @@ def gold_samples(chat, domain, tasks) -> list[Sample]:
 def file_samples(chat, path: str, where: list[str] | None = None) -> list[Sample]:
     """Samples of every conversation in an OpenAI chat JSONL or sharegpt file; errors name the file and line.
     ``where``, if given, receives each sample's ``file:line``."""
-    from ctu.data.sft import read_conversations
+    from ctu.episode.data.sft import read_conversations
 
     samples = []
     for conversation in read_conversations(path):
@@ -93,7 +95,7 @@ def demo_tasks(domains, exclude: Sequence[str] = ()) -> list[tuple[Any, list]]:
     pools = [(d, d.split("train") if "train" in d.splits else list(d.tasks)) for d in domains]
     unmatched = [k for k in exclude if not any(t.matches(k) for _, tasks in pools for t in tasks)]
     if unmatched:
-        from ctu.config import ConfigError
+        from ctu.config.schema import ConfigError
 
         raise ConfigError(f"trainer.sft_exclude: {', '.join(unmatched)} matches no training task's description "
                           f"in {', '.join(d.name for d, _ in pools)}")
@@ -108,7 +110,10 @@ def warm_start_samples(chat, domains, sft_data: str | None = None, max_tokens: i
     counting them (see :func:`fit_context`)."""
     where: list[str] = []
     if sft_data:
-        samples, source = file_samples(chat, sft_data, where), f"trainer.sft_data: {sft_data}"
+        try:
+            samples, source = file_samples(chat, sft_data, where), f"trainer.sft_data: {sft_data}"
+        except DataError as exc:
+            raise DataError(f"trainer.sft_data: {exc}") from None
     else:
         samples, source = [], "gold demonstrations"
         for d, tasks in demo_tasks(domains, exclude):
@@ -120,3 +125,22 @@ def warm_start_samples(chat, domains, sft_data: str | None = None, max_tokens: i
     if note:
         print(f"ctu: warning: {note}", file=sys.stderr, flush=True)
     return kept
+
+
+def prepared_samples(config, domains) -> list[Sample] | None:
+    """The warm start's samples for a run about to start, made with the tokenizer alone: every problem with its
+    data (a bad file, named by path and line; nothing left within ``env.max_context_tokens``) is a ConfigError
+    before any model loads, any evaluation runs or ``run.dir`` changes. None when no warm start will run
+    (``trainer.sft_steps`` 0, or a run resuming from a checkpoint)."""
+    from ctu.config.schema import ConfigError
+    from ctu.rollout import components as build
+    from ctu.train.checkpoint import resolve_resume
+
+    t = config.trainer
+    if t.sft_steps <= 0 or resolve_resume(Path(config.run.dir) / "checkpoints", t.resume) is not None:
+        return None
+    try:
+        return warm_start_samples(build.build_chat(config), domains, t.sft_data, config.env.max_context_tokens,
+                                  exclude=t.sft_exclude)
+    except DataError as exc:
+        raise ConfigError(str(exc)) from None

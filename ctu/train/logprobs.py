@@ -1,6 +1,6 @@
 """Next-token logprobs and entropy with bounded logit memory.
 
-The decoder body runs once (sharing the batch's common prefix, :mod:`ctu.shared_prefix`) and gives the
+The decoder body runs once (sharing the batch's common prefix, :mod:`ctu.engines.shared_prefix`) and gives the
 last hidden states at the scored positions; then, a chunk of positions at a time, lm_head -> float ->
 / temperature -> log_softmax -> gather (and entropy). No full fp32 [rows, positions, vocab] tensor ever
 exists: at most one chunk's [rows, chunk, vocab]. With gradients enabled each chunk is wrapped in
@@ -16,7 +16,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ctu.engines.precision import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR, compute_context  # noqa: F401 - re-exported
-from ctu.shared_prefix import needed_hidden, needed_logits
+from ctu.engines.shared_prefix import needed_hidden, needed_logits
 
 LOGIT_BUDGET = 1 << 25  # fp32 logit elements per chunk (128 MiB), unless ``chunk`` says otherwise
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ctu.config import Config
+from ctu.config.schema import Config
 from ctu.engines.hf_api import enable_checkpointing, quiet_peft_wrap
 from ctu.engines.precision import cpu_bf16_support, resolve_autocast
 from ctu.train.logprobs import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR, compute_context, token_logprobs
@@ -30,6 +30,23 @@ from ctu.train.weights import absorb_lora, export, hf_name, merged_named_tensors
 __all__ = ["Policy", "assert_precision_policy", "build_policy", "export", "hf_name", "token_logprobs"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def reshard(*models: torch.nn.Module | None) -> None:
+    """Free every gathered FSDP unit of ``models`` (None and unsharded models: nothing to do); local, no
+    collective. After passes without backward: FSDP2 reshards the root only at the end of a backward (sharding
+    itself: :mod:`ctu.distributed.fsdp`)."""
+    for model in models:
+        if model is not None:
+            _reshard(model)
 
 
 def assert_precision_policy(model: torch.nn.Module, compute_dtype: torch.dtype,
@@ -128,7 +145,7 @@ class Policy:
 
 
 def build_policy(config: Config, device: str | None = None) -> Policy:
-    from ctu.models import load_model, load_tokenizer
+    from ctu.engines.models import load_model, load_tokenizer
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

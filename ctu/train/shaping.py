@@ -11,10 +11,10 @@ import asyncio
 import re
 from collections.abc import Sequence
 
-from ctu.config import ShapingConfig
-from ctu.judge import conversation_text
-from ctu.llm_api import ChatAPIConfig, ChatClient, LLMCallError
-from ctu.parsing import repair_json
+from ctu.config.schema import ShapingConfig
+from ctu.episode.judge import conversation_text
+from ctu.episode.llm_api import ChatAPIConfig, ChatClient, LLMCallError
+from ctu.episode.parsing import repair_json
 
 FAILURE_MODES = ("wrong_tool", "wrong_arguments", "policy_violation", "missing_confirmation",
                  "hallucinated_information", "gave_up_early", "none")

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from ctu.config import Config, engines_sleep, weight_sync_mode
+from ctu.config.schema import Config, engines_sleep, weight_sync_mode
 from ctu.engines.parity import check_parity, check_versions, default_parity_tolerance
 from ctu.train.weights import hf_name
 

@@ -1,6 +1,6 @@
 """One policy update from finished episodes: tensors, micro-batches, GRPO/PPO loss, optimizer steps.
 
-Semantics (each a property test in tests/unit/test_update_semantics.py):
+Semantics (each a property test in tests/unit/train/test_update_semantics.py):
 - the episodes are split into ``mini_batches`` optimizer steps (reshuffled each epoch with the given seed);
 - within one optimizer step the loss is the configured aggregation over all of its episodes, built from
   per-token weights (:func:`ctu.rl.losses.aggregation_weights`), so neither loss, gradients nor stats
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ctu.config import TrainerConfig
+from ctu.config.schema import TrainerConfig
+from ctu.engines.shared_prefix import packing_prefix
 from ctu.rl.losses import aggregation_weights, kl_penalty, ppo_clip_per_token, truncated_importance_weights
-from ctu.shared_prefix import packing_prefix
-from ctu.train.policy import Policy, token_logprobs
+from ctu.train.policy import Policy, reshard, token_logprobs
 
 Reduce = Callable[[list[float], str], list[float]]
 
@@ -59,7 +59,7 @@ def to_sample(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask:
 def micro_batches(lengths: Sequence[int], token_budget: int, shared: int = 0) -> list[list[int]]:
     """Pack sample indices (in order) so that the tokens a forward computes stay within ``token_budget``:
     ``shared + rows x (longest row - shared)``, where ``shared`` is a prefix common to every row that the
-    forward runs once (:func:`ctu.shared_prefix.packing_prefix`; 0: rows x longest row).
+    forward runs once (:func:`ctu.engines.shared_prefix.packing_prefix`; 0: rows x longest row).
 
     A sample longer than the budget gets a micro-batch of its own.
     """
@@ -162,9 +162,7 @@ def sequence_kl(policy: Policy, samples: Sequence[Sample], cfg: TrainerConfig, t
 
 def release_gathered(policy: Policy) -> None:
     """After passes without backward: an FSDP2-sharded policy's units (the root's, the frozen reference's) are
-    freed, as only a backward would free them (:func:`ctu.distributed.fsdp.reshard`; unsharded: nothing)."""
-    from ctu.distributed.fsdp import reshard
-
+    freed, as only a backward would free them (:func:`ctu.train.policy.reshard`; unsharded: nothing)."""
     reshard(policy.model, policy.reference)
 
 

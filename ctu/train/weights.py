@@ -141,7 +141,7 @@ def export_tensors(merged: dict[str, torch.Tensor] | Iterable[tuple[str, torch.T
     were gathered."""
     from transformers import AutoModelForCausalLM
 
-    from ctu.models import resolve_model
+    from ctu.engines.models import resolve_model
 
     paths = {}
     if adapter is not None and peft_config is not None:

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from ctu.cli import build_parser, main
+from ctu.app.cli import build_parser, main
 from ctu.domains import get_domain
-from ctu.transcripts import gold_transcript
+from ctu.episode.transcripts import gold_transcript
 
 
 def test_every_subcommand_has_help():
@@ -35,6 +35,29 @@ def test_env_check_telecom_passes_with_user_side_gold_actions(capsys):
     n = len(get_domain("telecom").tasks)
     assert n == 2285 and len(out) == n + 1
     assert out[-1].startswith(f"telecom: {n}/{n} tasks pass on gold actions (0 failed") and "ENV_ASSERTION=1.0" in out[0]
+
+
+def test_env_check_banking_knowledge_passes_on_all_97_tasks(tau2_bench_data, capsys):
+    """tau2-bench 1.0.1's banking_knowledge from a checkout's data: every task's gold actions score 1.0 (task_102's
+    NL_ASSERTION needs a judge and is reported skipped)."""
+    assert main(["env", "check", "banking_knowledge", "--data-dir", tau2_bench_data]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 98
+    assert out[-1] == ("banking_knowledge: 97/97 tasks pass on gold actions (0 failed; NL_ASSERTION skipped on 1 "
+                       "without a judge)")
+
+
+def test_banking_knowledge_without_data_or_with_an_online_variant_is_one_line(monkeypatch, tmp_path, capsys,
+                                                                              tau2_bench_data):
+    monkeypatch.delenv("TAU2_DATA_DIR", raising=False)
+    monkeypatch.delenv("CTU_TAU2_DATA_DIR", raising=False)
+    assert main(["env", "check", "banking_knowledge", "--data-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "git clone https://github.com/sierra-research/tau2-bench" in err
+    assert main(["env", "check", "banking_knowledge", "--data-dir", tau2_bench_data,
+                 "--retrieval-variant", "openai_embeddings"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "'openai_embeddings' needs network access" in err and "bm25_grep" in err
 
 
 def _line(task_id, messages, **extra):

@@ -6,18 +6,18 @@ import json
 
 import pytest
 
-from ctu.cli import main
-from ctu.config import ConfigError, load_config
-from ctu.data.sft import read_conversations
+from ctu.app import trainer as trainer_module
+from ctu.app.cli import main
+from ctu.app.evaluate import write_report
+from ctu.app.trainer import Trainer
+from ctu.config.schema import ConfigError, load_config
 from ctu.engines.base import SamplingParams
-from ctu.evaluate import write_report
-from ctu.rollout import EpisodeSpec, RolloutLimits, rollout
-from ctu.tracking import read_evals
-from ctu.train import trainer as trainer_module
+from ctu.episode.data.sft import read_conversations
+from ctu.episode.users.scripted import ScriptedUser
+from ctu.observe.tracking import read_evals
+from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout
 from ctu.train.demos import gold_samples
-from ctu.train.trainer import Trainer
-from ctu.users.scripted import ScriptedUser
-from tests.unit.test_rollout import GOLD_TURNS, MINI, TASK, ScriptedModel
+from tests.unit.rollout.test_rollout import GOLD_TURNS, MINI, TASK, ScriptedModel
 
 
 def test_export_import_on_the_command_line(tmp_path, capsys):
@@ -33,7 +33,7 @@ def test_export_import_on_the_command_line(tmp_path, capsys):
     assert f"LLaMA-Factory: dataset 'ctu_airline' in {out / 'dataset_info.json'}" in printed
     assert f"use them with env.tasks.mini={out / 'tasks' / 'mini' / 'tasks.json'}" in printed
     assert len(read_conversations(out / "gold.jsonl")) == 240 and len(read_conversations(out / "a.jsonl")) == 30
-    from ctu.components import build_domains
+    from ctu.rollout.components import build_domains
 
     (domain,) = build_domains(load_config(None, [f"env.tasks.mini={out / 'tasks' / 'mini' / 'tasks.json'}"]))
     assert list(domain.tasks) == list(MINI.tasks) and dict(domain.splits) == dict(MINI.splits)
@@ -175,3 +175,28 @@ def test_a_run_records_every_evaluation_and_shows_them(tmp_path, capsys):
     assert (run_dir / "curves.png").stat().st_size > 10_000
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
+
+
+def test_banking_knowledge_gold_demonstrations_and_tasks_export(tmp_path, capsys, tau2_bench_data):
+    """SFT data: 97 gold demonstrations (the scripted user runs its own gold calls), each scoring 1.0 again; and the
+    tasks as a parquet prompt dataset with their initial state and user tools."""
+    from ctu.domains import get_domain
+    from ctu.episode.data.prompts import read_prompts
+    from ctu.episode.data.sft import read_conversations
+    from ctu.episode.reward import score_transcript
+
+    out = tmp_path / "bank.jsonl"
+    assert main(["data", "export", "--domain", "banking_knowledge", "--split", "all", "--format", "openai",
+                 "--data-dir", tau2_bench_data, "--out", str(out)]) == 0
+    assert "wrote 97 gold demonstrations of banking_knowledge (split all)" in capsys.readouterr().out
+    bank = get_domain("banking_knowledge", tau2_bench_data)
+    conversations = read_conversations(out)
+    assert len(conversations) == 97 and [t["function"]["name"] for t in conversations[0].tools][0] == "KB_search"
+    for conversation in conversations:
+        task = bank.task(conversation.task_id)
+        messages = [m for m in conversation.messages if m["role"] != "system"]
+        assert score_transcript(bank, task, messages, conversation.termination or "user_stop").reward == 1.0, task.id
+    assert main(["data", "export", "--domain", "banking_knowledge", "--split", "all", "--format", "parquet",
+                 "--data-dir", tau2_bench_data, "--out", str(tmp_path / "bank.parquet")]) == 0
+    tasks = read_prompts(tmp_path / "bank.parquet")["banking_knowledge"]["tasks"]
+    assert tasks == list(bank.tasks)

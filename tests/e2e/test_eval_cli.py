@@ -7,12 +7,12 @@ import json
 import httpx
 import respx
 
-from ctu.cli import main
+from ctu.app.cli import main
+from ctu.app.evaluate import write_report
 from ctu.engines.base import SamplingParams
-from ctu.evaluate import write_report
-from ctu.rollout import EpisodeSpec, RolloutLimits, rollout
-from ctu.users.scripted import ScriptedUser
-from tests.unit.test_rollout import GOLD_TURNS, MINI, TASK, ScriptedModel
+from ctu.episode.users.scripted import ScriptedUser
+from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout
+from tests.unit.rollout.test_rollout import GOLD_TURNS, MINI, TASK, ScriptedModel
 
 FAST = ["model.path=tiny-random", "sampling.max_tokens=12", "env.max_turns=2", "eval.max_tasks=3"]
 
@@ -62,7 +62,7 @@ def test_play_as_a_human(monkeypatch, capsys):
     lines = [f'{{"name": "get_order", "arguments": {{"order_id": "{oid}"}}}}',
              f'<tool_call>{{"name": "cancel_order", "arguments": {{"order_id": "{oid}"}}}}</tool_call>',
              "Your order is cancelled."]
-    # the keyboard is stdin: ctu.play binds the builtin input() as a default argument when first imported, so
+    # the keyboard is stdin: ctu.app.play binds the builtin input() as a default argument when first imported, so
     # patching builtins.input would depend on whether an earlier test already imported it
     monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
     assert main(["play", "--domain", "mini", "--task", TASK.id, "--human"]) == 0
@@ -90,3 +90,31 @@ def test_eval_fails_with_one_line_when_no_episode_could_be_scored(tmp_path, monk
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("ctu: error: no episode could be scored: all 3 episode(s) errored")
     assert "HTTP 401" in lines[0] and "SIM_KEY" not in lines[0]
+
+
+BANK = ["env.domains=[banking_knowledge]", "eval.splits=[all]", "env.max_context_tokens=16384"]
+
+
+def test_eval_on_banking_knowledge_with_bm25_and_the_scripted_user(tmp_path, tau2_bench_data):
+    run_dir = tmp_path / "bank"
+    assert main(["eval", *FAST, *BANK, f"env.tau2_data_dir={tau2_bench_data}", "env.retrieval_variant=bm25",
+                 "eval.max_tasks=2", f"run.dir={run_dir}"]) == 0
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["banking_knowledge"]["episodes"] == 2 and report["banking_knowledge"]["errored"] == 0
+    rows = [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+    assert [r["task_id"] for r in rows] == ["task_001", "task_002"]
+    assert "KB_search" in rows[0]["messages"][0]["content"]  # the bm25 variant's policy
+
+
+@respx.mock
+def test_eval_on_banking_knowledge_gives_an_llm_user_the_tasks_own_tools(tmp_path, monkeypatch, tau2_bench_data):
+    monkeypatch.setenv("SIM_KEY", "k")
+    route = respx.post("http://sim.test/v1/chat/completions").mock(return_value=httpx.Response(200, json={
+        "id": "x", "object": "chat.completion", "created": 0, "model": "u", "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Thanks ###STOP###"}}]}))
+    run_dir = tmp_path / "bank_llm"
+    assert main(["eval", *FAST, *BANK, f"env.tau2_data_dir={tau2_bench_data}", "eval.max_tasks=1", "user.kind=llm",
+                 "user.base_url=http://sim.test/v1", "user.api_key_env=SIM_KEY", f"run.dir={run_dir}"]) == 0
+    sent = json.loads(route.calls[0].request.content)
+    assert [t["function"]["name"] for t in sent["tools"]] == ["apply_for_credit_card"]  # task_001's user_tools
+    assert json.loads((run_dir / "report.json").read_text())["banking_knowledge"]["errored"] == 0

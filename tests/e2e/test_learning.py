@@ -13,14 +13,14 @@ import random
 import pytest
 import torch
 
-from ctu.components import build_chat
-from ctu.config import load_config
+from ctu.app.trainer import Trainer
+from ctu.config.schema import load_config
 from ctu.domains import get_domain
-from ctu.env import Episode
+from ctu.episode.env import Episode
+from ctu.episode.users.scripted import ScriptedUser
+from ctu.rollout.components import build_chat
 from ctu.train.policy import build_policy
-from ctu.train.trainer import Trainer
 from ctu.train.update import sft_update, to_sample
-from ctu.users.scripted import ScriptedUser
 from tests.word_domain import ANSWER, FRUITS
 
 pytestmark = pytest.mark.slow

@@ -58,13 +58,13 @@ def freed_before(events, what):
 
 
 def test_trainer_frees_cached_memory_before_the_engine_starts_and_wakes(tmp_path, monkeypatch):
-    from ctu.distributed import group as group_module
-    from ctu.train.trainer import Trainer
+    from ctu.app import trainer as trainer_module
+    from ctu.app.trainer import Trainer
 
     fake_vllm.install(monkeypatch)
     events: list[str] = []
     recording(monkeypatch, events)
-    build = group_module.build_trainer_group
+    build = trainer_module.build_trainer_group
 
     def built(config):
         events.append("build")
@@ -72,7 +72,7 @@ def test_trainer_frees_cached_memory_before_the_engine_starts_and_wakes(tmp_path
         events.append("build_done")
         return out
 
-    monkeypatch.setattr("ctu.train.trainer.build_trainer_group", built)
+    monkeypatch.setattr("ctu.app.trainer.build_trainer_group", built)
     trainer = Trainer(vllm_config(tmp_path / "run"))
     wrap(trainer.group, "update", events)
     wrap(trainer.group, "sft", events)
@@ -85,7 +85,7 @@ def test_trainer_frees_cached_memory_before_the_engine_starts_and_wakes(tmp_path
 
 
 def test_the_warm_start_runs_with_a_colocated_engine_asleep(tmp_path, monkeypatch):
-    from ctu.train.trainer import Trainer
+    from ctu.app.trainer import Trainer
 
     fake_vllm.install(monkeypatch)
     events: list[str] = []
@@ -100,7 +100,7 @@ def test_the_warm_start_runs_with_a_colocated_engine_asleep(tmp_path, monkeypatc
 def test_kl_in_the_reward_is_scored_with_a_colocated_engine_asleep(tmp_path, monkeypatch):
     """KL-in-reward scoring is trainer work: it runs inside the update's sleep (before_update), not beside an awake
     engine's KV cache and weights; the penalty it gives is the one the step records."""
-    from ctu.train.trainer import Trainer
+    from ctu.app.trainer import Trainer
 
     fake_vllm.install(monkeypatch)
     trainer = Trainer(vllm_config(tmp_path / "run", "trainer.sft_steps=0", "trainer.kl_coef=0.5",

@@ -1,6 +1,6 @@
 """The memory plan against measured peaks: one policy update of a small random Qwen2 (real 151,936-token
 vocabulary, so the logit chunk matters) in fp32 on CPU, in a fresh process. Measured: peak RSS (VmHWM, reset
-after imports) minus the RSS before the model is loaded; estimated: ``ctu.plan.plan(..., device="cpu")``,
+after imports) minus the RSS before the model is loaded; estimated: ``ctu.app.plan.plan(..., device="cpu")``,
 training phase, for the same config. The relative error must stay within ERROR_BOUND."""
 
 import json
@@ -17,7 +17,7 @@ ERROR_BOUND = 0.35  # |estimate - measured| / measured; measured here: +19% full
 SCRIPT = textwrap.dedent("""
     import json, random, sys
     import torch
-    from ctu.config import load_config
+    from ctu.config.schema import load_config
     from ctu.train.policy import build_policy
     from ctu.train.update import policy_update, to_sample
 
@@ -62,8 +62,8 @@ def model_path(tmp_path_factory):
     ["lora.enabled=true", "trainer.gradient_checkpointing=true"],
 ], ids=["full-no-ckpt", "lora-ckpt"])
 def test_plan_within_bound_of_measured_peak(model_path, overrides):
-    from ctu.config import load_config
-    from ctu.plan import plan
+    from ctu.app.plan import plan
+    from ctu.config.schema import load_config
 
     args = [f"model.path={model_path}", "model.dtype=float32", "trainer.micro_batch_tokens=256",
             "env.max_context_tokens=128", "trainer.kl_coef=0.0", *overrides]

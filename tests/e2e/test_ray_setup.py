@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ctu.config import load_config
+from ctu.config.schema import load_config
 from ctu.distributed.ray_pool import RayPool
 
 FAST_S = 20.0  # "fails fast": seconds, where these set-ups used to wait 600 s or forever
@@ -80,7 +80,7 @@ def test_a_local_set_up_bigger_than_this_machine_fails_before_ray_starts(ray, tm
 
 def test_ctu_train_checks_before_loading_any_model(ray, tmp_path):
     """The trainer's preflight: the model path does not exist, yet the error is the set-up's (nothing was loaded)."""
-    from ctu.train.trainer import Trainer
+    from ctu.app.trainer import Trainer
 
     address = f"127.0.0.1:{closed_port()}"
     with pytest.raises(RuntimeError, match=rf"^distributed\.address={address}: no Ray cluster reachable"):
@@ -101,7 +101,7 @@ def cluster(ray):
 
 
 def test_eight_rollout_workers_on_two_cpus_fail_fast(cluster, tmp_path):
-    from ctu.train.trainer import Trainer
+    from ctu.app.trainer import Trainer
 
     message = "distributed.rollout_workers=8 with distributed.worker_cpus=1 each need 8 CPUs; the Ray cluster has 2"
     start = time.monotonic()

@@ -15,17 +15,17 @@ import time
 import httpx
 import pytest
 
-from ctu.cli import main
-from ctu.config import load_config
+from ctu.app.cli import main
+from ctu.app.trainer import Trainer
+from ctu.config.schema import load_config
 from ctu.domains import get_domain
 from ctu.engines.base import Completion, Engine, SamplingParams
 from ctu.engines.remote import RemoteEngine, RemoteEngineError
-from ctu.judge import JudgeError, LLMJudge
-from ctu.llm_api import ChatAPIConfig, ChatClient, LLMCallError
-from ctu.rollout import EpisodeSpec, RolloutLimits, rollout
-from ctu.tracking import read_metrics
-from ctu.train.trainer import Trainer
-from ctu.users.llm import LLMUser, LLMUserConfig
+from ctu.episode.judge import JudgeError, LLMJudge
+from ctu.episode.llm_api import ChatAPIConfig, ChatClient, LLMCallError
+from ctu.episode.users.llm import LLMUser, LLMUserConfig
+from ctu.observe.tracking import read_metrics
+from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout
 from tests.real_server import TransformersServer, protocol_model, serving_available
 from tests.toy_domain import make_toy_domain
 
@@ -199,7 +199,7 @@ def wait_for_requests(server, n, timeout=120.0):
 
 
 def test_a_server_killed_mid_eval_and_restarted_the_run_finishes_and_nothing_is_scored_0(server, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="ctu.llm_api")
+    caplog.set_level(logging.INFO, logger="ctu.episode.llm_api")
     run_dir = tmp_path / "restart"
     thread, out = run_in_thread(eval_args(server, run_dir))  # the default retry budget (40-80 s)
     wait_for_requests(server, 3)  # each episode asks the user once (the tiny agent's turn ends at max_tokens)

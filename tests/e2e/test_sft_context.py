@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from ctu.config import load_config
-from ctu.data.conversations import DataError
+from ctu.app.trainer import Trainer
+from ctu.config.schema import load_config
+from ctu.episode.data.conversations import DataError
 from ctu.train.demos import fit_context
-from ctu.train.trainer import Trainer
 from ctu.train.update import to_sample
 
 

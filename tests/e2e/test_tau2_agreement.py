@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from ctu.cli import main
+from ctu.app.cli import main
 from ctu.domains import get_domain
-from ctu.reward import score_transcript
-from ctu.transcripts import ending
+from ctu.episode.reward import score_transcript
+from ctu.episode.transcripts import ending
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "tau2_reference"
 

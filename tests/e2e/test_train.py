@@ -9,9 +9,9 @@ import respx
 import torch
 import yaml
 
-from ctu.config import load_config
-from ctu.tracking import read_metrics
-from ctu.train.trainer import Trainer
+from ctu.app.trainer import Trainer
+from ctu.config.schema import load_config
+from ctu.observe.tracking import read_metrics
 
 JUDGE = "http://shaping-judge.test/v1/chat/completions"
 

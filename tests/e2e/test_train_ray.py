@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 
-from ctu.tracking import read_metrics
-from ctu.train.trainer import Trainer
+from ctu.app.trainer import Trainer
+from ctu.observe.tracking import read_metrics
 from tests.e2e.test_train import config, judge  # noqa: F401 - judge: the autouse shaping-judge fixture
 
 EXACT = ("rollout/reward", "rollout/shaped_reward", "rollout/response_tokens", "rollout/episodes",
@@ -89,9 +89,9 @@ def test_ray_trainer_ranks_give_the_in_process_numbers(tmp_path, local_runs, mon
 
 def test_a_dead_trainer_rank_stops_the_run_and_resume_continues_with_the_same_numbers(tmp_path, local_runs,
                                                                                          monkeypatch):
+    from ctu.app import trainer as trainer_module
     from ctu.distributed.group import TrainerRankError
     from ctu.distributed.ray_trainer import RayTrainerGroup
-    from ctu.train import trainer as trainer_module
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     fault = tmp_path / "fault"

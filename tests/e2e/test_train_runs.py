@@ -4,13 +4,13 @@ the KL reference after the warm start, and validation before any model is loaded
 import pytest
 import torch
 
-from ctu.config import ConfigError, load_config
-from ctu.rollout import Trajectory
-from ctu.tracking import read_metrics
-from ctu.train import trainer as trainer_module
+from ctu.app import trainer as trainer_module
+from ctu.app.trainer import Trainer, TrainingRewards
+from ctu.config.schema import ConfigError, load_config
+from ctu.observe.tracking import read_metrics
+from ctu.rollout.loop import Trajectory
 from ctu.train.checkpoint import list_checkpoints, save_checkpoint
 from ctu.train.demos import gold_samples
-from ctu.train.trainer import Trainer, TrainingRewards
 from ctu.train.update import sequence_kl
 
 

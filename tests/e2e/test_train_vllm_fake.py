@@ -4,9 +4,9 @@ step sleeps at the mode's level, loads with only the weights awake, then wakes t
 
 import pytest
 
+from ctu.app.trainer import Trainer
 from ctu.engines.parity import ParityError
-from ctu.tracking import read_metrics
-from ctu.train.trainer import Trainer
+from ctu.observe.tracking import read_metrics
 from tests.e2e.test_train import config, judge  # noqa: F401 - judge: the autouse shaping-judge fixture
 from tests.fakes import fake_vllm
 

@@ -6,13 +6,13 @@ from dataclasses import replace
 
 import torch
 
-from ctu import components as build
-from ctu.config import load_config
+from ctu.app.evaluate import episode_specs
+from ctu.config.schema import load_config
 from ctu.distributed.pool import ResultsEngine, SpecKey
 from ctu.distributed.ray_pool import RolloutWorker
+from ctu.engines.models import load_model
 from ctu.engines.parity import PROBE_PROMPT, probe_parity
-from ctu.evaluate import episode_specs
-from ctu.models import load_model
+from ctu.rollout import components as build
 from ctu.train.logprobs import token_logprobs
 from tests.fakes import fake_vllm
 

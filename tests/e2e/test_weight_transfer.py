@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ctu.config import load_config
+from ctu.config.schema import load_config
 
 COPIES = {torch.ops.aten.copy_, torch.ops.aten._to_copy, torch.ops.aten.clone, torch.ops.aten.contiguous}
 

@@ -181,7 +181,7 @@ class LLM:
             raise ValueError("Sleep mode is not supported on current platform.")
         if kwargs.get("enable_lora") and kwargs.get("max_lora_rank", 16) not in MAX_LORA_RANKS:
             raise ValueError(f"1 validation error for LoRAConfig\nmax_lora_rank\n  Input should be one of {MAX_LORA_RANKS}")
-        from ctu.models import load_model, load_tokenizer, resolve_model
+        from ctu.engines.models import load_model, load_tokenizer, resolve_model
 
         self.model = model
         self.model_dir = resolve_model(model)  # what reload_weights() without a path reads

@@ -27,11 +27,11 @@ def model_path(tmp_path_factory):
 
 
 def one_update(model_path, lora: bool, sharded: bool, lr: float, grad_clip: float, *extra: str):
-    """(stats, trainable weights before, after, merged weights) of one policy update (SGD: tests/unit/test_fsdp.py)."""
-    from ctu.config import load_config
+    """(stats, trainable weights before, after, merged weights) of one policy update (SGD: tests/unit/distributed/test_fsdp.py)."""
+    from ctu.config.schema import load_config
     from ctu.distributed.fsdp import gathered_named_tensors, make_reduce, shard_policy
     from ctu.train.policy import build_policy
-    from tests.unit.test_fsdp import episodes, trainable_full, update
+    from tests.unit.distributed.test_fsdp import episodes, trainable_full, update
 
     cfg = load_config(None, [f"model.path={model_path}", f"trainer.grad_clip={grad_clip}", "trainer.entropy_coef=0.01",
                              f"lora.enabled={str(lora).lower()}", "model.dtype=bfloat16", "trainer.kl_coef=0.0", *extra])

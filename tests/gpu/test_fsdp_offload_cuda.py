@@ -36,7 +36,7 @@ def model_path(tmp_path_factory):
 
 
 def offloaded(model_path, *overrides):
-    from ctu.config import load_config
+    from ctu.config.schema import load_config
     from ctu.distributed.fsdp import shard_policy
     from ctu.train.policy import build_policy
 
@@ -58,7 +58,7 @@ def unsharded_params(model) -> list[str]:
 def test_an_offloaded_update_clips_frees_its_gradients_and_reshards(offload_group, model_path, lora):
     from ctu.distributed.fsdp import make_reduce
     from ctu.train.update import sequence_kl
-    from tests.unit.test_fsdp import episodes, trainable_full, update
+    from tests.unit.distributed.test_fsdp import episodes, trainable_full, update
 
     cfg, policy = offloaded(model_path, f"lora.enabled={str(lora).lower()}", "model.dtype=bfloat16",
                             "trainer.ppo_epochs=2")

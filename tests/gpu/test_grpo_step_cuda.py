@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu,
 def model_path(tmp_path_factory):
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from ctu.models import smollm2_tokenizer_dir
+    from ctu.engines.models import smollm2_tokenizer_dir
 
     path = tmp_path_factory.mktemp("qwen2-tiny")
     tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())
@@ -27,7 +27,7 @@ def model_path(tmp_path_factory):
 
 
 def step(path, device, dtype, lr, steps=1):
-    from ctu.config import load_config
+    from ctu.config.schema import load_config
     from ctu.train.policy import assert_precision_policy, build_policy
     from ctu.train.update import policy_update, to_sample
 

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 def _policy(path, *overrides):
-    from ctu.config import load_config
+    from ctu.config.schema import load_config
     from ctu.train.policy import build_policy
 
     cfg = load_config(None, [f"model.path={path}", "model.dtype=bfloat16", "trainer.kl_coef=0.0", *overrides])
@@ -22,7 +22,7 @@ def _policy(path, *overrides):
 @pytest.mark.parametrize("lora", [True, False])
 def test_cpu_offload_trains_on_cuda(nccl, model_path, lora):  # noqa: F811
     from ctu.distributed.fsdp import gathered_named_tensors, make_reduce, shard_policy
-    from tests.unit.test_fsdp import episodes, update
+    from tests.unit.distributed.test_fsdp import episodes, update
 
     cfg, policy = _policy(model_path, f"lora.enabled={str(lora).lower()}")
     shard_policy(policy, compute_dtype=torch.bfloat16, cpu_offload=True)

@@ -15,8 +15,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def test_ray_one_gpu_colocated_two_steps(tmp_path):
     ray = pytest.importorskip("ray", reason="needs the distributed extra")
-    from ctu.tracking import read_metrics
-    from ctu.train.trainer import Trainer
+    from ctu.app.trainer import Trainer
+    from ctu.observe.tracking import read_metrics
     from tests.e2e.test_train import config
     from tests.models import save_random_model
 

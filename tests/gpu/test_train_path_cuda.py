@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 def qwen_path(tmp_path, layers=4, hidden=256, **config):
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from ctu.models import smollm2_tokenizer_dir
+    from ctu.engines.models import smollm2_tokenizer_dir
 
     tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
@@ -37,7 +37,7 @@ def samples(n=4, length=1024):
 
 
 def peak_update_bytes(path, checkpointing: bool) -> int:
-    from ctu.config import load_config
+    from ctu.config.schema import load_config
     from ctu.train.policy import build_policy
     from ctu.train.update import policy_update
 
@@ -68,10 +68,10 @@ def test_gradient_checkpointing_lowers_peak_memory_of_an_update(tmp_path):
 
 
 def test_parity_probe_after_a_bf16_update(tmp_path):
-    from ctu.config import load_config
+    from ctu.config.schema import load_config
     from ctu.engines.hf import HFEngine
+    from ctu.engines.models import load_model
     from ctu.engines.parity import check_parity, check_versions, probe_parity
-    from ctu.models import load_model
     from ctu.train.logprobs import token_logprobs
     from ctu.train.policy import build_policy
     from ctu.train.sync import parity_tolerance

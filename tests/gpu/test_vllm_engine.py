@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 def model_dir(tmp_path_factory):
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from ctu.models import smollm2_tokenizer_dir
+    from ctu.engines.models import smollm2_tokenizer_dir
 
     tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,

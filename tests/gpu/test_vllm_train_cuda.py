@@ -32,9 +32,9 @@ def vllm_config(run_dir, model_dir, *extra):
 
 @pytest.mark.parametrize(("mode", "level"), [("merged", 2), ("adapter", 1)])
 def test_three_steps_of_ctu_train_on_vllm(tmp_path, monkeypatch, model_dir, mode, level):
-    from ctu.tracking import read_metrics
+    from ctu.app.trainer import Trainer
+    from ctu.observe.tracking import read_metrics
     from ctu.train.sync import parity_tolerance
-    from ctu.train.trainer import Trainer
 
     events = record_engine_calls(monkeypatch)
     run_dir = tmp_path / mode
@@ -55,9 +55,9 @@ def test_three_steps_of_ctu_train_on_vllm(tmp_path, monkeypatch, model_dir, mode
 
 def test_ray_with_vllm_rollout_workers(tmp_path, model_dir):
     ray = pytest.importorskip("ray", reason="needs the distributed extra")
-    from ctu.tracking import read_metrics
+    from ctu.app.trainer import Trainer
+    from ctu.observe.tracking import read_metrics
     from ctu.train.sync import parity_tolerance
-    from ctu.train.trainer import Trainer
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, _node_ip_address="127.0.0.1")

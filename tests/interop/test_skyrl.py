@@ -16,12 +16,12 @@ import pyarrow.parquet as pq  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 from skyrl_gym.envs.base_text_env import BaseTextEnv  # noqa: E402
 
-from ctu.data.conversations import gold_conversation  # noqa: E402
-from ctu.data.prompts import row_task  # noqa: E402
+from ctu.app.integrations.skyrl_env import register  # noqa: E402
 from ctu.domains import get_domain  # noqa: E402
-from ctu.env import agent_view  # noqa: E402
-from ctu.integrations.skyrl_env import register  # noqa: E402
-from tests.unit.test_integrations import without_mutations  # noqa: E402
+from ctu.episode.data.conversations import gold_conversation  # noqa: E402
+from ctu.episode.data.prompts import row_task  # noqa: E402
+from ctu.episode.env import agent_view  # noqa: E402
+from tests.unit.app.test_integrations import without_mutations  # noqa: E402
 
 
 def hermes_turn(message) -> str:

@@ -19,7 +19,7 @@ datasets = pytest.importorskip("datasets")
 
 from transformers import AutoTokenizer  # noqa: E402
 
-from ctu.chat import HERMES_TEMPLATE, ChatFormat  # noqa: E402
+from ctu.rollout.chat import HERMES_TEMPLATE, ChatFormat  # noqa: E402
 from ctu.train.demos import conversation_sample  # noqa: E402
 from tests.models import save_random_model  # noqa: E402
 

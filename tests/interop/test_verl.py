@@ -1,5 +1,5 @@
 """verl's own entry points on ctu's parquet tasks (``nox -s interop_verl``): the custom reward function loader
-(``reward.custom_reward_function.path=pkg://ctu.integrations.verl_reward``) and the naive reward manager that
+(``reward.custom_reward_function.path=pkg://ctu.app.integrations.verl_reward``) and the naive reward manager that
 decodes a rollout's response ids and calls it. A gold response scores 1.0, one without its DB changes 0.0."""
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManage
 from verl.trainer.ppo.reward import get_custom_reward_fn  # noqa: E402
 from verl.utils.reward_score import default_compute_score  # noqa: E402
 
-import ctu.integrations.verl_reward as verl_reward  # noqa: E402
-from ctu.chat import ChatFormat  # noqa: E402
-from ctu.data.conversations import gold_conversation  # noqa: E402
-from ctu.data.prompts import row_task  # noqa: E402
+import ctu.app.integrations.verl_reward as verl_reward  # noqa: E402
 from ctu.domains import get_domain  # noqa: E402
-from ctu.env import agent_view  # noqa: E402
-from ctu.models import smollm2_tokenizer_dir  # noqa: E402
-from tests.unit.test_integrations import without_mutations  # noqa: E402
+from ctu.engines.models import smollm2_tokenizer_dir  # noqa: E402
+from ctu.episode.data.conversations import gold_conversation  # noqa: E402
+from ctu.episode.data.prompts import row_task  # noqa: E402
+from ctu.episode.env import agent_view  # noqa: E402
+from ctu.rollout.chat import ChatFormat  # noqa: E402
+from tests.unit.app.test_integrations import without_mutations  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def manager_score(manager, row, prompt_ids, response_ids, tool_extra_fields=None
     return manager.loop.run_until_complete(manager.run_single(data))  # the loop verl bound it to
 
 
-@pytest.mark.parametrize("path", ["pkg://ctu.integrations.verl_reward", "file"])
+@pytest.mark.parametrize("path", ["pkg://ctu.app.integrations.verl_reward", "file"])
 def test_verl_loads_ctus_reward_function_and_its_manager_scores_gold_1_and_wrong_0(tmp_path, chat, path):
     if path == "file":  # the other spelling verl accepts: the module's file
         path = str(Path(verl_reward.__file__).resolve())
@@ -111,7 +111,7 @@ def test_dual_control_is_scored_from_the_transcript_an_agent_loop_records(tmp_pa
     """telecom: the user's phone actions are not in the response text; an agent loop that keeps the transcript in
     its extra_fields (merged into extra_info by verl's manager) gets it scored."""
     fn = get_custom_reward_fn(OmegaConf.create({"reward": {"custom_reward_function": {
-        "path": "pkg://ctu.integrations.verl_reward", "name": "compute_score"}}}))
+        "path": "pkg://ctu.app.integrations.verl_reward", "name": "compute_score"}}}))
     manager = NaiveRewardManager(OmegaConf.create({}), chat.tokenizer, fn)
     domain, rows = exported_rows(tmp_path, "telecom", 2)
     for row in rows:

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from ctu.domains import DOMAINS, get_domain  # noqa: E402
 from ctu.domains.base import run_tool  # noqa: E402
-from ctu.reward import score_transcript  # noqa: E402
-from ctu.transcripts import ending, parse_line  # noqa: E402
+from ctu.episode.reward import score_transcript  # noqa: E402
+from ctu.episode.transcripts import ending, parse_line  # noqa: E402
 from tests.oracle import bridge, conftest  # noqa: E402
 from tests.oracle.strategies import Call, build_pool, gold_plan, transcripts  # noqa: E402
 

@@ -3,7 +3,7 @@
 tau2's evaluator replays a transcript with ``Environment.set_state``, which pairs every call with the tool message
 right after it, in call order, and raises ``ValueError`` otherwise; its ``ToolMessage`` only takes ``requestor``
 ``user`` or ``assistant``. ctu's ``parse_line`` (what ``ctu score`` reads a line with) refuses the same
-transcripts with a :class:`~ctu.transcripts.TranscriptError`. One divergence, asserted below: a tool message whose
+transcripts with a :class:`~ctu.episode.transcripts.TranscriptError`. One divergence, asserted below: a tool message whose
 requestor names the other side is scored by tau2 (its replay routes by the call, not the result) and refused by ctu.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("tau2.evaluator.evaluator", reason="tau2's evaluator is not installed (run `nox -s oracle`)")
 
-from ctu.transcripts import TranscriptError  # noqa: E402
+from ctu.episode.transcripts import TranscriptError  # noqa: E402
 from tests.oracle import bridge  # noqa: E402
 from tests.oracle.strategies import Plan, Turn, gold_plan  # noqa: E402
 from tests.oracle.test_oracle import _oracle, ctu_score  # noqa: E402

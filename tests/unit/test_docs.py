@@ -102,7 +102,7 @@ def shown_commands(page: Path) -> list[list[str]]:
 
 def parse_problem(argv: list[str]) -> str | None:
     """Why ``ctu argv`` would not start (argparse's or config validation's message), or None."""
-    from ctu.cli import _load, build_parser
+    from ctu.app.cli import _load, build_parser
 
     err = io.StringIO()
     try:

@@ -57,7 +57,7 @@ def tiny_llama(tmp_path_factory) -> str:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from ctu.models import smollm2_tokenizer_dir
+    from ctu.engines.models import smollm2_tokenizer_dir
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,

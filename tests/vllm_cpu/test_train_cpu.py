@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from ctu.cli import main
-from ctu.tracking import read_metrics
-from ctu.train.trainer import Trainer
+from ctu.app.cli import main
+from ctu.app.trainer import Trainer
+from ctu.observe.tracking import read_metrics
 from tests.e2e.test_train import config, judge  # noqa: F401 - judge: the autouse shaping-judge fixture
 
 pytestmark = pytest.mark.vllm_cpu

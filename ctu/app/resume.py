@@ -1,0 +1,121 @@
+"""What a resumed run finds in ``run.dir``, checked before any model loads.
+
+Its records (``metrics.jsonl``, ``eval/history.jsonl``, one JSON object per line) are read whole: a torn last
+line (no newline, not JSON: a write cut short by a full disk or a crash) is dropped with a one-line warning and
+the file rewritten atomically; any other damaged line is an error naming the file and the line. A run whose
+latest checkpoint reached ``trainer.max_steps`` and whose final evaluation is recorded is complete: resuming it
+does nothing. A run resumed to train further keeps its earlier final evaluation as a periodic one, so the run
+has one final evaluation, at its end.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ctu.config.atomic import atomic_open
+from ctu.observe.tracking import read_evals
+from ctu.train.checkpoint import checkpoint_step, resolve_resume
+
+RECORD_FILES = ("metrics.jsonl", "eval/history.jsonl")
+
+
+class RecordError(ValueError):
+    """A damaged line inside a run's record file; the message names the file and the line."""
+
+
+class Unreadable(RecordError):
+    """A line that is not UTF-8 JSON at all (what a write cut short leaves)."""
+
+
+def parse_record(path: Path, line_no: int, raw: bytes) -> dict[str, Any]:
+    """One record line: a JSON object with an integer ``step``; :class:`RecordError` naming file and line."""
+    where = f"{path}: line {line_no}"
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise Unreadable(f"{where}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise Unreadable(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(record, dict) or type(record.get("step")) is not int:
+        raise RecordError(f"{where}: not a record (a JSON object with an integer 'step')")
+    return record
+
+
+def split_records(path: Path, data: bytes) -> tuple[list[dict[str, Any]], bytes | None]:
+    """(records, torn tail or None) of a record file's bytes; blank lines are skipped, as the readers do.
+
+    The tail after the last newline is a record written without its newline if it parses, torn if it is not
+    JSON (a tail that is JSON but no record is refused like any other line)."""
+    lines = data.split(b"\n")
+    tail = lines.pop()
+    records = [parse_record(path, n, line) for n, line in enumerate(lines, start=1) if line.strip()]
+    if not tail.strip(b" \t\r\0"):
+        return records, tail or None
+    try:
+        records.append(parse_record(path, len(lines) + 1, tail))
+    except Unreadable:
+        return records, tail
+    return records, None
+
+
+def repair_records(path: Path) -> list[dict[str, Any]]:
+    """The records of ``path`` (none if it does not exist), its torn last line dropped with a warning and the
+    file rewritten whole; a damaged line anywhere else raises :class:`RecordError`."""
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    records, torn = split_records(path, data)
+    if torn is not None:
+        print(f"ctu: warning: {path}: dropped a torn last line ({len(torn)} bytes without a newline: a write cut "
+              "short); the rest is kept", file=sys.stderr, flush=True)
+    if torn is not None or (data and not data.endswith(b"\n")):
+        write_records(path, records)
+    return records
+
+
+def write_records(path: Path, records: list[dict[str, Any]]) -> None:
+    with atomic_open(path, "w") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def prepare_resume(config) -> str | None:
+    """Before a resumed run loads its model: repair or refuse its records; return the one line that says it is
+    complete (nothing to do), or None to go on."""
+    t = config.trainer
+    if t.resume is None:
+        return None
+    run_dir = Path(config.run.dir)
+    records = {name: repair_records(run_dir / name) for name in RECORD_FILES}
+    checkpoint = resolve_resume(run_dir / "checkpoints", t.resume)
+    if checkpoint is None:
+        return None
+    step = checkpoint_step(checkpoint)
+    evals = records["eval/history.jsonl"]
+    if step >= t.max_steps and any(e.get("phase") == "final" and e["step"] == step for e in evals):
+        if not t.export or exported(run_dir / "export"):
+            return (f"run.dir: {run_dir} is complete: checkpoint step {step} of trainer.max_steps={t.max_steps} and "
+                    "its final evaluation are recorded; nothing to do (raise trainer.max_steps to train further)")
+    earlier = [e for e in evals if e.get("phase") == "final" and step >= e["step"] and e["step"] < t.max_steps]
+    if earlier:  # an earlier run's end is now a step on the way: its evaluation becomes a periodic one
+        for e in earlier:
+            e["phase"] = "periodic"
+        write_records(run_dir / "eval/history.jsonl", evals)
+    return None
+
+
+def exported(folder: Path) -> bool:
+    """Whether a finished export is there: the merged model's config and weights."""
+    merged = folder / "merged"
+    return (merged / "config.json").is_file() and any(merged.glob("*.safetensors"))
+
+
+def recorded_final(run_dir: Path, step: int) -> dict[str, float] | None:
+    """The held-out success of the final evaluation already recorded at ``step`` (as ``Trainer.evaluate``
+    returns it), or None: a run resumed at its last step is not evaluated twice."""
+    for e in reversed(read_evals(run_dir)):
+        if e.get("phase") == "final" and e.get("step") == step:
+            return {f"eval/{scope}/success": value for scope, value in e["success"].items()}
+    return None

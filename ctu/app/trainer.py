@@ -1,0 +1,419 @@
+"""``ctu train``: tasks -> rollouts -> rewards -> (shaping) -> advantages -> updates -> sync -> eval.
+
+One metrics record per global step. Evaluation uses the environment's rewards only: shaped
+rewards exist as :class:`TrainingRewards`, which evaluation code never takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from ctu.app.evaluate import PHASE_WORDS, NothingScored, all_errored, episode_specs, progress_bar, write_report
+from ctu.app.resume import prepare_resume, recorded_final
+from ctu.config.runlock import RunDirLock
+from ctu.config.schema import Config, ConfigError, save_config, to_dict, training_problems
+from ctu.distributed.group import LocalTrainer, TrainerGroup, sft_batches
+from ctu.distributed.ray_setup import preflight
+from ctu.observe.metrics import distribution, mean, peak_rss_gib
+from ctu.observe.tracking import Tracker, eval_phase, record_eval
+from ctu.rl.advantages import informative_groups, scored_advantages
+from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
+from ctu.rollout import components as build
+from ctu.rollout.loop import EpisodeSpec, Trajectory, warn_prompt_budget
+from ctu.train.checkpoint import clean_stale, list_checkpoints, previous_run, resolve_resume
+from ctu.train.demos import demo_tasks, prepared_samples, warm_start_samples
+from ctu.train.sync import WeightSync
+from ctu.train.update import release_memory, to_sample
+
+
+@dataclass(frozen=True)
+class TrainingRewards:
+    """Rewards used for advantages: the env's, filtered, plus the optional judge shaping (training only)."""
+
+    env: tuple[float, ...]
+    shaped: tuple[float, ...]
+
+
+def task_weight(task, weights: dict[str, float]) -> float:
+    """A training task's sampling weight under ``env.task_weights``: the product of the weights of the keys its
+    description matches (``field``: the field is truthy; ``field=value``: its value, as text, is ``value``)."""
+    out = 1.0
+    for key, weight in weights.items():
+        if task.matches(key):
+            out *= weight
+    return out
+
+
+class TaskSampler:
+    """Weighted, seeded sampling of training tasks across domains (``env.weights``) and, within a domain, by
+    their description (``env.task_weights``); its state is the data cursor."""
+
+    def __init__(self, domains, weights: Sequence[float], seed: int, task_weights: dict[str, float] | None = None):
+        self.pools = [(d, d.split("train") if "train" in d.splits else list(d.tasks)) for d in domains]
+        self.weights = list(weights)
+        self.rng = random.Random(seed)
+        task_weights = task_weights or {}
+        unmatched = [k for k in task_weights
+                     if not any(task_weight(t, {k: 2.0}) != 1.0 for _, tasks in self.pools for t in tasks)]
+        if unmatched:
+            from ctu.config.schema import ConfigError
+
+            raise ConfigError(f"env.task_weights: {', '.join(unmatched)} matches no training task's description "
+                              f"in {', '.join(d.name for d, _ in self.pools)}")
+        # None: every task weighs 1, drawn as before (rng.choice), so runs without task_weights are unchanged
+        self.task_weights = [[task_weight(t, task_weights) for t in tasks] if task_weights else None
+                             for _, tasks in self.pools]
+
+    def sample(self, n: int) -> list[tuple]:
+        picks = []
+        for _ in range(n):
+            k = self.rng.choices(range(len(self.pools)), weights=self.weights)[0]
+            domain, tasks = self.pools[k]
+            within = self.task_weights[k]
+            picks.append((domain, self.rng.choice(tasks) if within is None else self.rng.choices(tasks, within)[0]))
+        return picks
+
+    def state(self):
+        return self.rng.getstate()
+
+    def set_state(self, state) -> None:
+        self.rng.setstate(state)
+
+
+def prepare_run_dir(config: Config) -> None:
+    """Refuse a ``run.dir`` that holds another run, unless told to resume it or to overwrite it."""
+    run_dir = Path(config.run.dir)
+    found = previous_run(run_dir)
+    if found is None or config.trainer.resume is not None:
+        return
+    if not config.run.overwrite:
+        raise ConfigError(f"run.dir: {run_dir} holds another run ({found}); continue it with trainer.resume=latest, "
+                          "replace it with run.overwrite=true, or choose another run.dir")
+    import shutil
+
+    for name in ("checkpoints", "eval", "examples", "export"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+
+
+def build_trainer_group(config) -> TrainerGroup:
+    """In this process (``distributed.trainer_workers=0``, the default) or N FSDP2 ranks as Ray actors."""
+    if config.distributed.trainer_workers:
+        from ctu.distributed.ray_trainer import RayTrainerGroup
+
+        return RayTrainerGroup(config)
+    return LocalTrainer(config)
+
+
+class Trainer:
+    def __init__(self, config: Config):
+        for problem in training_problems(config):  # before any model is loaded
+            raise ConfigError(problem)
+        from ctu.app.plan import check_fits, cuda_hardware
+
+        hardware = cuda_hardware()
+        if hardware is not None:  # on CUDA: refuse what cannot fit before loading anything
+            check_fits(config, None, hardware[1])  # the run's GPUs (one in process), not all visible ones
+        self.lock = RunDirLock(config.run.dir).acquire()  # one writer per run.dir, held until run() ends
+        try:
+            self.complete = prepare_resume(config)  # a resumed run's records repaired or refused; None: go on
+            if self.complete is None:
+                self._setup(config)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _setup(self, config: Config) -> None:
+        self.config = config
+        self.run_dir = Path(config.run.dir)
+        torch.manual_seed(config.run.seed)
+        random.seed(config.run.seed)
+        preflight(config)  # Ray set-ups that cannot work fail here, before any model is loaded
+        self.domains = build.build_domains(config)  # task keys that match nothing fail before the model loads
+        self.demos = prepared_samples(config, self.domains)  # bad warm-start data: before any model or eval
+        prepare_run_dir(config)  # after every check: a refused run leaves run.dir as it was
+        self.sampler = TaskSampler(self.domains, [config.env.weights.get(n, 1.0) for n in config.env.domains],
+                                   config.run.seed, config.env.task_weights)
+        if config.trainer.sft_steps > 0 and config.trainer.sft_data is None:
+            demo_tasks(self.domains, config.trainer.sft_exclude)
+        self.group = build_trainer_group(config)
+        print(self.group.precision_note)
+        self.group.release_memory()  # what building the policy cached, before an engine starts beside it
+        self.chat = build.build_chat(config, tokenizer=self.group.tokenizer)
+        warn_prompt_budget(self.chat, self.domains, config.env.max_context_tokens)
+        self.user = build.build_user(config)
+        self.judge = build.build_judge(config)
+        self.engine = None
+        if config.distributed.rollout_workers:  # Ray actors, each with its own engine, domains and user
+            from ctu.distributed.ray_pool import RayPool
+
+            self.pool = RayPool(config, config.distributed.rollout_workers, config.distributed.address,
+                                num_cpus=config.distributed.worker_cpus,
+                                placement=getattr(self.group, "rollout_placement", None))
+        else:  # this process: an in-process hf engine shares the policy's weights
+            from ctu.distributed.pool import LocalPool
+
+            kind = config.engine.kind
+            shared = getattr(self.group, "model", None) if kind == "hf" else None
+            self.engine = build.build_engine(config, model=shared, tokenizer=self.group.tokenizer)
+            self.pool = LocalPool.from_config(config, self.engine, self.chat, self.user, judge=self.judge)
+        self.sync = WeightSync(config, self.group, self.pool)
+        self.rebased = False  # the KL reference is the warm-started policy (stored in checkpoints)
+        self.step = 0
+        self.shaper = None
+        if config.shaping.enabled:
+            from ctu.train.shaping import JudgeShaper
+
+            self.shaper = JudgeShaper(config.shaping)
+
+    @property
+    def policy(self):
+        """The in-process policy (:class:`~ctu.distributed.group.LocalTrainer` only)."""
+        return self.group.policy
+
+    # -- pieces ----------------------------------------------------------------------------
+    def _rollout(self, specs: Sequence[EpisodeSpec], temperature: float, seed: int, judge=None,
+                 on_done=None) -> list[Trajectory]:
+        params = replace(build.sampling_params(self.config, temperature), seed=seed)
+        return self.pool.run(specs, params, seed, judge_enabled=judge is not None, on_done=on_done)
+
+    def evaluate(self, tag: str) -> dict:
+        specs = episode_specs(self.domains, self.config.eval.splits, self.config.eval.samples_per_task,
+                              self.config.trainer.eval_max_tasks)
+        started = time.perf_counter()
+        with progress_bar(len(specs), f"eval {tag}") as on_done:
+            trajectories = self._rollout(specs, self.config.eval.temperature, seed=10_000 + self.step,
+                                         judge=self.judge, on_done=on_done)
+        release_memory()
+        report = write_report(self.run_dir / "eval" / tag, trajectories)
+        phase = eval_phase(tag, self.step, self.config.trainer.max_steps)
+        errored = all_errored(trajectories)
+        if errored:  # reported, not recorded: a 0.0 in the history would read as a result
+            raise NothingScored(f"evaluation {tag} ({PHASE_WORDS.get(phase, phase)}): no episode could be scored: "
+                                f"{errored}; trajectories in {self.run_dir / 'eval' / tag}")
+        out = {f"eval/{scope}/success": s["success_rate"] for scope, s in report.items()}
+        unscored = f"; {report['overall']['errored']} errored, not scored" if report["overall"]["errored"] else ""
+        print(f"eval {tag} ({len(specs)} episodes, {time.perf_counter() - started:.0f}s, peak RSS so far "
+              f"{peak_rss_gib():.2f} GiB): " + ", ".join(f"{k}={v:.3f}" for k, v in out.items()) + unscored, flush=True)
+        record_eval(self.run_dir, tag=tag, phase=phase, step=self.step,
+                    success={scope: s["success_rate"] for scope, s in report.items()},
+                    seconds=time.perf_counter() - started, episodes=len(specs))
+        return out
+
+    def rewards(self, trajectories: Sequence[Trajectory]) -> TrainingRewards:
+        f = self.config.filters
+        env = tuple(0.0 if t.stop_reason == "error" else filter_reward(
+            t.reward, spans_lengths(t.assistant_spans), t.stop_reason,
+            max_assistant_tokens=f.max_assistant_tokens, zero_on_length_stop=f.zero_reward_on_length_stop)
+            for t in trajectories)
+        shaped = env if self.shaper is None else tuple(
+            r + b for r, b in zip(env, asyncio.run(self.shaper.bonuses(trajectories)), strict=True))
+        return TrainingRewards(env, shaped)
+
+    def sync_weights(self) -> dict[str, float]:
+        return self.sync.after_update(self.step)
+
+    # -- the loop --------------------------------------------------------------------------
+    def collect(self) -> tuple[list[Trajectory], list[str], TrainingRewards, set[str], int]:
+        """Rollouts for one step: (trajectories, their group ids, rewards, the groups to train on, extra draws).
+
+        With dynamic sampling, groups whose rewards are all equal carry no signal: further groups are drawn
+        until ``tasks_per_step`` groups are informative or ``dynamic_sampling_max_draws`` extra draws are
+        spent; the first ``tasks_per_step`` informative groups are trained on. Every episode drawn is kept
+        for the step's metrics."""
+        t = self.config.trainer
+        trajectories: list[Trajectory] = []
+        groups: list[str] = []
+        env: list[float] = []
+        shaped: list[float] = []
+        needed, draws = t.tasks_per_step, 0
+        while True:
+            picks = self.sampler.sample(needed)
+            specs = [EpisodeSpec(d, task, s) for d, task in picks for s in range(t.samples_per_task)]
+            seed = self.config.run.seed * 1_000_003 + self.step * 7919 + draws * 104_729
+            batch = self._rollout(specs, self.config.sampling.temperature, seed=seed)
+            rewards = self.rewards(batch)
+            trajectories += batch
+            groups += [f"{tr.domain}/{tr.task_id}/{draws}.{i // t.samples_per_task}" for i, tr in enumerate(batch)]
+            env += rewards.env
+            shaped += rewards.shaped
+            if not t.dynamic_sampling:
+                return trajectories, groups, TrainingRewards(tuple(env), tuple(shaped)), set(groups), draws
+            scored = [i for i, tr in enumerate(trajectories) if tr.stop_reason != "error"]
+            informative = {groups[scored[j]] for j in informative_groups([shaped[i] for i in scored],
+                                                                          [groups[i] for i in scored])}
+            if len(informative) >= t.tasks_per_step or draws >= t.dynamic_sampling_max_draws:
+                chosen = set(sorted(informative, key=groups.index)[: t.tasks_per_step])
+                return trajectories, groups, TrainingRewards(tuple(env), tuple(shaped)), chosen, draws
+            needed, draws = t.tasks_per_step - len(informative), draws + 1
+
+    def train_step(self) -> dict:
+        t = self.config.trainer
+        started = time.perf_counter()
+        trajectories, groups, rewards, chosen, draws = self.collect()
+        release_memory()
+        errored = all_errored(trajectories)
+        if errored:  # before the update: an optimizer step on nothing would still decay the weights
+            raise NothingScored(f"step {self.step}: nothing to train on: {errored}")
+        rollout_s = time.perf_counter() - started
+        excluded = [tr.stop_reason == "error" or g not in chosen for tr, g in zip(trajectories, groups, strict=True)]
+        update_started = time.perf_counter()
+        self.sync.before_update()  # a colocated engine sleeps from here: the KL scoring below is trainer work too
+        kl_penalties = [0.0] * len(trajectories)
+        if t.kl_coef > 0 and t.kl_in_reward:  # KL in the reward: r - kl_coef * KL(episode)
+            every = [to_sample(tr.prompt_ids, tr.response_ids, tr.loss_mask, tr.logprobs, 0.0) for tr in trajectories]
+            kl_penalties = [t.kl_coef * k for k in self.group.kl(every, self.config.sampling.temperature)]
+            rewards = TrainingRewards(rewards.env, tuple(r - k for r, k in zip(rewards.shaped, kl_penalties, strict=True)))
+        advantages = scored_advantages(t.advantage, rewards.shaped, groups, excluded)  # out before baselines
+        mask_length = self.config.filters.mask_length_stop
+        samples = [to_sample(trajectories[i].prompt_ids, trajectories[i].response_ids,
+                             filter_loss_mask(trajectories[i].loss_mask, trajectories[i].stop_reason,
+                                              mask_length_stop=mask_length),
+                             trajectories[i].logprobs, advantage) for i, advantage in sorted(advantages.items())]
+        samples = [s for s in samples if any(s.mask)]
+        stats = self.group.update(samples, self.config.sampling.temperature,
+                                  seed=self.config.run.seed * 1_000_003 + self.step)
+        release_memory()
+        sync = self.sync_weights()
+        sync_s = sync.pop("seconds")
+        tokens = sum(sum(tr.loss_mask) for tr in trajectories)
+        scored = [tr for tr in trajectories if tr.stop_reason != "error"]
+        metrics = {
+            "rollout": {"reward": mean(tr.reward for tr in scored), "success": mean(float(tr.success) for tr in scored),
+                        "shaped_reward": mean(rewards.shaped), "kl_penalty": mean(kl_penalties),
+                        "errored": len(trajectories) - len(scored), "episodes": len(trajectories),
+                        "parse_failure_rate": sum(tr.parse_failures for tr in scored) / max(1, sum(tr.turns for tr in scored)),
+                        "turns": mean(tr.turns for tr in scored), "response_tokens": mean(sum(tr.loss_mask) for tr in scored),
+                        "stop_reasons": distribution(tr.stop_reason for tr in trajectories),
+                        "trained_episodes": len(samples), "trained_groups": len({groups[i] for i in advantages}),
+                        "dynamic_extra_draws": draws},
+            "per_domain": {d.name: {"reward": mean(tr.reward for tr in scored if tr.domain == d.name),
+                                    "success": mean(float(tr.success) for tr in scored if tr.domain == d.name)}
+                           for d in self.domains},
+            "train": stats,
+            "sync": sync,
+            "timing": {"rollout_s": rollout_s, "update_s": time.perf_counter() - update_started, "sync_s": sync_s,
+                       "step_s": time.perf_counter() - started, "peak_rss_gib": peak_rss_gib(),
+                       "tokens_per_s": tokens / max(1e-9, time.perf_counter() - started)},
+        }
+        return {"metrics": metrics, "trajectories": trajectories}
+
+    def warm_start(self, demos=None) -> float | None:
+        """``trainer.sft_steps`` supervised steps on ``demos`` (default: :func:`warm_start_samples`)."""
+        t = self.config.trainer
+        if t.sft_steps <= 0:
+            return None
+        if demos is None:  # the samples prepared before the model loaded serve the first warm start
+            demos, self.demos = self.demos, None
+        if demos is None:
+            demos = warm_start_samples(self.chat, self.domains, t.sft_data, self.config.env.max_context_tokens,
+                                       exclude=t.sft_exclude)
+        from tqdm import tqdm
+
+        batches = sft_batches(demos, t.sft_steps, t.sft_batch_size, self.config.run.seed)
+        bar = tqdm(total=t.sft_steps, desc="warm start (supervised)", unit="step", dynamic_ncols=True)
+
+        def on_step(loss: float) -> None:
+            bar.set_postfix(loss=f"{loss:.3f}")
+            bar.update()
+
+        self.sync.before_update()  # a colocated engine sleeps through the warm start as through an update
+        try:
+            loss = self.group.sft(demos, batches, on_step=on_step)  # then the KL reference is the warm-started policy
+        finally:
+            bar.close()
+        self.rebased = self.sync.base_changed = True
+        self.sync_weights()
+        return loss
+
+    def run(self) -> dict:
+        if self.complete is not None:  # a finished run resumed: nothing new, no second final evaluation
+            self.lock.release()
+            print(self.complete)
+            return {"complete": self.complete}
+        try:
+            return self._run()
+        except NothingScored as exc:  # every episode errored: stop, keeping what was written, and say how to go on
+            raise NothingScored(f"{exc}; {self._kept()}") from None
+        finally:
+            try:
+                self.pool.close()  # Ray workers (and a cluster the pool started) go away with the run
+                self.group.close()
+            finally:
+                self.lock.release()
+
+    def _kept(self) -> str:
+        """Where an interrupted run stands and how to continue it."""
+        checkpoints = list_checkpoints(self.run_dir / "checkpoints")
+        where = f"from checkpoint {checkpoints[-1].name}" if checkpoints else "from the start: no checkpoint yet"
+        return (f"what was written is kept in {self.run_dir}; after fixing the cause, continue with "
+                f"trainer.resume=latest ({where})")
+
+    def _run(self) -> dict:
+        cfg, t = self.config, self.config.trainer
+        save_config(cfg, self.run_dir / "config.yaml")
+        ckpt_root = self.run_dir / "checkpoints"
+        clean_stale(ckpt_root)
+        resume_from = resolve_resume(ckpt_root, t.resume)
+        if resume_from is not None:
+            self.step, extra, rebased = self.group.load(resume_from)
+            if rebased:
+                self.rebased = self.sync.base_changed = True
+            self.sampler.set_state(extra["sampler"])
+            self.sync_weights()
+            print(f"resumed from {resume_from} (step {self.step})")
+        name = f"ctu-{'-'.join(cfg.env.domains)}{'-shaped' if cfg.shaping.enabled else ''}"
+        summary: dict = {}
+        from tqdm import tqdm
+
+        with Tracker(self.run_dir, config=to_dict(cfg), wandb_enabled=cfg.wandb.enabled and cfg.wandb.mode != "disabled",
+                     wandb_project=cfg.wandb.project, wandb_mode=cfg.wandb.mode, run_name=name,
+                     resume_step=self.step) as tracker:
+            if resume_from is None:
+                if t.eval_before_train:  # the base model, before any warm start
+                    summary["before"] = self.evaluate("step_0")
+                started = time.perf_counter()
+                sft = self.warm_start()
+                if sft is not None:
+                    summary["sft"] = {"steps": t.sft_steps, "loss": sft, "seconds": time.perf_counter() - started}
+                    print(f"supervised warm start: {t.sft_steps} steps in {summary['sft']['seconds']:.0f}s, "
+                          f"final loss {sft:.3f}, peak RSS so far {peak_rss_gib():.2f} GiB")
+                    if t.eval_before_train:
+                        summary["after_sft"] = self.evaluate("after_sft")
+            with tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True) as bar:
+                while self.step < t.max_steps:
+                    self.step += 1
+                    out = self.train_step()
+                    metrics, failed = out["metrics"], None
+                    if t.eval_interval and self.step % t.eval_interval == 0 and self.step < t.max_steps:
+                        try:
+                            metrics["eval"] = self.evaluate(f"step_{self.step}")
+                        except NothingScored as exc:  # the step itself trained: record and checkpoint it first
+                            failed = exc
+                    tracker.log(self.step, metrics)
+                    if self.step % t.examples_interval == 0:
+                        tracker.examples(self.step, [tr.to_json() for tr in out["trajectories"][: t.examples_count]])
+                    if self.step % t.ckpt_interval == 0 or self.step == t.max_steps or failed is not None:
+                        self.group.save(ckpt_root, self.step, {"sampler": self.sampler.state()}, t.keep_checkpoints,
+                                        with_reference=self.rebased)
+                    bar.set_postfix(reward=f"{metrics['rollout']['reward']:.2f}", loss=f"{metrics['train']['loss']:.3f}")
+                    bar.update()
+                    if failed is not None:
+                        raise failed
+            final = recorded_final(self.run_dir, self.step)  # resumed at the end (to export): evaluated already
+            summary["after"] = self.evaluate(f"step_{self.step}") if final is None else final
+            if t.export:
+                summary["export"] = self.group.export(self.run_dir / "export", cfg.model.path)
+                print(f"exported: {summary['export']}")
+        from ctu.observe.report import draw_curves
+
+        summary["curves"] = str(draw_curves(self.run_dir))
+        return summary
+

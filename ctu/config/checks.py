@@ -1,0 +1,232 @@
+"""Value checks for :mod:`ctu.config.schema`: each problem is one line naming its key.
+
+``config_problems`` holds the checks every command runs when a config is loaded (``Config.problems()``);
+``training_problems`` what ``ctu train`` additionally needs of the config alone (the warm start's data file is
+read by :func:`ctu.train.demos.prepared_samples`). Both return lists of messages; raising is the caller's
+business (``ctu.config.schema.validate``, the trainer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ctu.config.derived import weight_sync_mode
+
+if TYPE_CHECKING:  # annotations only: ctu.config.schema imports this module
+    from ctu.config.schema import ChatAPIBudget, Config
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py: MaxLoRARanks
+
+
+# The floats that may be ``inf``, and what it means there. Every other float of the config must be finite: NaN
+# compares false with every bound (so ``lr: nan`` passed ``lr > 0``) and an infinity is no usable setting.
+UNLIMITED = {"trainer.grad_clip": "no gradient clipping"}
+
+
+def nonfinite_problems(node: Any, key: str = "") -> list[str]:
+    """Every NaN or infinite float in a config (dataclasses, lists and dicts, walked to the leaves), one line each
+    naming its dotted key; ``inf`` passes only at the keys of :data:`UNLIMITED`."""
+    if isinstance(node, float):
+        if math.isfinite(node) or (node == math.inf and key in UNLIMITED):
+            return []
+        unlimited = f" or inf ({UNLIMITED[key]})" if key in UNLIMITED else ""
+        return [f"{key}: must be a finite number{unlimited}, got {node}"]
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        children = [(f"{key}.{f.name}" if key else f.name, getattr(node, f.name)) for f in dataclasses.fields(node)]
+    elif isinstance(node, dict):
+        children = [(f"{key}.{k}", v) for k, v in node.items()]
+    elif isinstance(node, (list, tuple)):
+        children = [(f"{key}[{i}]", v) for i, v in enumerate(node)]
+    else:
+        return []
+    return [problem for child_key, child in children for problem in nonfinite_problems(child, child_key)]
+
+
+def config_problems(config: Config) -> list[str]:
+    """Everything wrong with ``config`` (unknown domains, missing files, out-of-range values), in key order.
+    A NaN or infinite float is reported alone: every range check below would pass NaN."""
+    problems = nonfinite_problems(config)
+    if problems:
+        return problems
+    from ctu.domains import DOMAINS
+
+    for i, name in enumerate(config.env.domains):
+        if ":" in name:
+            module_name, _, attr = name.partition(":")
+            if not module_name or not attr:
+                problems.append(f"env.domains[{i}]: '{name}' is not 'package.module:function'")
+        elif name not in DOMAINS:
+            problems.append(f"env.domains[{i}]: unknown domain '{name}' (known: {', '.join(DOMAINS)}, "
+                            "or 'package.module:function')")
+    if not config.env.domains:
+        problems.append("env.domains: at least one domain is needed")
+    if "banking_knowledge" in config.env.domains:
+        from ctu.domains.banking_knowledge.retrieval import resolve_variant
+
+        try:
+            resolve_variant(config.env.retrieval_variant)
+        except ValueError as exc:
+            problems.append(f"env.retrieval_variant: {exc}")
+    for name, path in config.env.tasks.items():
+        if name not in config.env.domains:
+            problems.append(f"env.tasks.{name}: not one of env.domains")
+        elif not Path(path).is_file():
+            problems.append(f"env.tasks.{name}: tasks file {path} does not exist")
+    if config.trainer.sft_data is not None and not Path(config.trainer.sft_data).is_file():
+        problems.append(f"trainer.sft_data: file {config.trainer.sft_data} does not exist")
+    if config.trainer.sft_data is not None and config.trainer.sft_exclude:
+        problems.append("trainer.sft_exclude: selects gold demonstrations; it cannot filter trainer.sft_data (a file): "
+                        "set trainer.sft_exclude=[]")
+    for name, weight in config.env.weights.items():
+        if name not in config.env.domains:
+            problems.append(f"env.weights.{name}: not one of env.domains")
+        elif weight < 0:
+            problems.append(f"env.weights.{name}: must be >= 0")
+    for key, weight in config.env.task_weights.items():
+        if not weight > 0:
+            problems.append(f"env.task_weights.{key}: must be > 0")
+    positive = {"env.max_turns": config.env.max_turns, "env.max_errors": config.env.max_errors,
+                "sampling.max_tokens": config.sampling.max_tokens, "eval.samples_per_task": config.eval.samples_per_task,
+                "eval.concurrency": config.eval.concurrency, "engine.max_batch_size": config.engine.max_batch_size,
+                "engine.kv_cache_tokens": config.engine.kv_cache_tokens,
+                "env.max_context_tokens": config.env.max_context_tokens}
+    problems += [f"{k}: must be >= 1, got {v}" for k, v in positive.items() if v < 1]
+    if not 0 < config.sampling.top_p <= 1:
+        problems.append(f"sampling.top_p: must be in (0, 1], got {config.sampling.top_p}")
+    if config.sampling.temperature < 0 or config.eval.temperature < 0:
+        problems.append("sampling.temperature / eval.temperature: must be >= 0")
+    if config.engine.kind == "remote" and not config.engine.base_url:
+        problems.append("engine.base_url: required when engine.kind is 'remote'")
+    t = config.trainer
+    train_positive = {"trainer.max_steps": t.max_steps, "trainer.tasks_per_step": t.tasks_per_step,
+                      "trainer.samples_per_task": t.samples_per_task, "trainer.mini_batches": t.mini_batches,
+                      "trainer.ppo_epochs": t.ppo_epochs, "trainer.micro_batch_tokens": t.micro_batch_tokens,
+                      "trainer.ckpt_interval": t.ckpt_interval, "trainer.keep_checkpoints": t.keep_checkpoints}
+    problems += [f"{k}: must be >= 1, got {v}" for k, v in train_positive.items() if v < 1]
+    episodes = t.tasks_per_step * t.samples_per_task
+    if t.mini_batches >= 1 and episodes % t.mini_batches:
+        problems.append(f"trainer.mini_batches: {t.mini_batches} does not divide the rollout batch of "
+                        f"{episodes} episodes (trainer.tasks_per_step x trainer.samples_per_task)")
+    if t.advantage not in ("rloo", "reinforce_pp", "rft") and t.samples_per_task < 2:
+        problems.append("trainer.samples_per_task: group advantages need at least 2 samples per task")
+    if t.lr <= 0:
+        problems.append(f"trainer.lr: must be > 0, got {t.lr}")
+    if t.resume not in (None, "latest") and not Path(t.resume).is_dir():
+        problems.append(f"trainer.resume: '{t.resume}' is neither 'latest' nor a checkpoint directory")
+    if config.lora.rank < 1:
+        problems.append(f"lora.rank: must be >= 1, got {config.lora.rank}")
+    for section in ("user", "judge", "shaping"):
+        problems += _budget_problems(section, getattr(config, section))
+    problems += _update_problems(config)
+    problems += _count_problems(config)
+    problems += url_problems(config)
+    return problems
+
+
+def _count_problems(config: Config) -> list[str]:
+    """Counts not checked above: how many tasks to evaluate (null: all; 0 or a negative slice bound would
+    evaluate none or silently drop tasks), the scripted user's patience."""
+    out = [f"{key}: must be >= 1 (or null for every task), got {value}"
+           for key, value in (("eval.max_tasks", config.eval.max_tasks),
+                              ("trainer.eval_max_tasks", config.trainer.eval_max_tasks))
+           if value is not None and value < 1]
+    if config.user.patience < 1:
+        out.append(f"user.patience: must be >= 1, got {config.user.patience}")
+    return out
+
+
+def _budget_problems(section: str, b: ChatAPIBudget) -> list[str]:
+    out = [f"{section}.{k}: must be >= 0, got {v}" for k, v in (("max_retries", b.max_retries),
+                                                                 ("backoff_initial", b.backoff_initial)) if v < 0]
+    out += [f"{section}.{k}: must be > 0, got {v}" for k, v in (("timeout", b.timeout), ("max_tokens", b.max_tokens))
+            if v <= 0]
+    if b.backoff_max < b.backoff_initial:
+        out.append(f"{section}.backoff_max: must be >= {section}.backoff_initial ({b.backoff_initial}), "
+                   f"got {b.backoff_max}")
+    return out
+
+
+def _update_problems(config: Config) -> list[str]:
+    """Values that would otherwise fail (or silently misbehave) inside the first update, after a full rollout."""
+    t, e, out = config.trainer, config.engine, []
+    if not 0 <= t.clip_low < 1:
+        out.append(f"trainer.clip_low: must be in [0, 1) (the ratio's lower bound is 1 - clip_low), got {t.clip_low}")
+    if t.clip_high < 0:
+        out.append(f"trainer.clip_high: must be >= 0, got {t.clip_high}")
+    if t.dual_clip is not None and t.dual_clip <= 1:
+        out.append(f"trainer.dual_clip: must be > 1 (or null), got {t.dual_clip}")
+    if t.tis_cap is not None and t.tis_cap <= 0:
+        out.append(f"trainer.tis_cap: must be > 0 (or null): a cap <= 0 flips or zeroes the policy gradient, got {t.tis_cap}")
+    non_negative = {"trainer.warmup_steps": t.warmup_steps, "trainer.kl_coef": t.kl_coef,
+                    "trainer.entropy_coef": t.entropy_coef, "trainer.weight_decay": t.weight_decay,
+                    "trainer.sft_steps": t.sft_steps, "trainer.eval_interval": t.eval_interval,
+                    "trainer.examples_count": t.examples_count,
+                    "trainer.dynamic_sampling_max_draws": t.dynamic_sampling_max_draws}
+    out += [f"{k}: must be >= 0, got {v}" for k, v in non_negative.items() if v < 0]
+    positive = {"trainer.grad_clip": t.grad_clip, "trainer.sft_lr": t.sft_lr, "trainer.sft_batch_size": t.sft_batch_size,
+                "trainer.examples_interval": t.examples_interval, "lora.alpha": config.lora.alpha,
+                "engine.parity_probe_tokens": e.parity_probe_tokens,
+                **({"engine.parity_tolerance": e.parity_tolerance} if e.parity_tolerance is not None else {})}
+    out += [f"{k}: must be > 0, got {v}" for k, v in positive.items() if v <= 0]
+    if not 0 <= config.lora.dropout < 1:
+        out.append(f"lora.dropout: must be in [0, 1), got {config.lora.dropout}")
+    if not 0 < e.gpu_memory_utilization <= 1:
+        out.append(f"engine.gpu_memory_utilization: must be in (0, 1], got {e.gpu_memory_utilization}")
+    if config.filters.max_assistant_tokens is not None and config.filters.max_assistant_tokens < 1:
+        out.append(f"filters.max_assistant_tokens: must be >= 1 (or null), got {config.filters.max_assistant_tokens}")
+    if e.weight_sync == "adapter" and (e.kind != "vllm" or not config.lora.enabled):
+        out.append("engine.weight_sync: 'adapter' needs engine.kind=vllm and lora.enabled=true")
+    if e.kind == "vllm" and config.lora.enabled and weight_sync_mode(config) == "adapter":
+        if config.lora.rank not in VLLM_LORA_RANKS:
+            out.append(f"lora.rank: vLLM serves LoRA adapters of rank {', '.join(map(str, VLLM_LORA_RANKS))} "
+                       f"(its max_lora_rank), got {config.lora.rank}; pick one or use engine.weight_sync=merged")
+    d = config.distributed
+    if d.rollout_workers < 0:
+        out.append(f"distributed.rollout_workers: must be >= 0, got {d.rollout_workers}")
+    if d.rollout_workers and (e.kind not in ("hf", "vllm") or weight_sync_mode(config) != "merged"):
+        out.append("distributed.rollout_workers: Ray rollout workers run the hf or vllm engine with merged weights "
+                   "(engine.kind=hf or vllm, engine.weight_sync=merged)")
+    if d.rollout_workers and e.kind == "vllm" and not d.trainer_workers:
+        out.append("distributed.rollout_workers: vLLM rollout workers get their GPU from the trainer ranks' placement "
+                   "group: set distributed.trainer_workers >= 1")
+    if d.trainer_workers < 0:
+        out.append(f"distributed.trainer_workers: must be >= 0, got {d.trainer_workers}")
+    if d.placement not in ("colocated", "split"):
+        out.append(f"distributed.placement: must be colocated or split, got {d.placement!r}")
+    for key in ("worker_cpus", "trainer_cpus", "placement_timeout_s", "start_timeout_s"):
+        if getattr(d, key) <= 0:
+            out.append(f"distributed.{key}: must be > 0, got {getattr(d, key)}")
+
+    return out
+
+
+def training_problems(config: Config) -> list[str]:
+    """What ``ctu train`` cannot do with an otherwise valid config (checked before any model is loaded)."""
+    out = []
+    if config.engine.kind == "remote":
+        out.append("engine.kind: 'remote' cannot be trained: ctu cannot push weights into a remote server, so every "
+                   "step after the first would sample from stale weights; use engine.kind=hf or vllm for training "
+                   "(remote serves ctu eval)")
+    return out
+
+
+URL_KEYS = ("engine.base_url", "user.base_url", "judge.base_url", "shaping.base_url")
+
+
+def url_problems(config: Config) -> list[str]:
+    """Every URL the config gives must be one whose credentials ``ctu.config.redact`` can find: an http(s) URL without
+    whitespace whose password holds no raw '/', '?', '#' or '@' (else a URL parser quotes pieces of it back:
+    ``Invalid port: 's3cr'``). The message names the key, never the value."""
+    from ctu.config.redact import url_problem
+
+    out = []
+    for key in URL_KEYS:
+        section, name = key.split(".")
+        url = getattr(getattr(config, section), name)
+        problem = url_problem(url) if url is not None else None
+        if problem:
+            out.append(f"{key}: {problem}")
+    return out

@@ -1,0 +1,159 @@
+"""Discoverable agent tools: transfer protocols, transaction rewards, dispute histories and ATM deposit images."""
+
+from __future__ import annotations
+
+import json
+
+from ctu.domains.banking_knowledge.atm_images import DEPOSIT_IMAGES
+from ctu.domains.banking_knowledge.store import Bank, found, lookup
+from ctu.domains.banking_knowledge.toolkit import discoverable
+
+
+def history(self: Bank, tool: str, title: str, heading: str, table: str, field: str, value: object,
+            none_text: str) -> str:
+    """The answer of tau2's history tools: a title, the tool's name, a heading, then the records or a note."""
+    result = lookup(self, table, field, value)
+    parts = [title, "", f"Executed: {tool}", heading, result if found(result) else none_text]
+    return "\n".join(parts)
+
+
+def executed(tool: str, lead: str) -> str:
+    """The answer of a tool that does nothing but report itself."""
+    return f"{lead}\n\nExecuted: {tool}\nArguments: (no arguments)"
+
+
+@discoverable("write")
+def example_agent_tool_0000(self: Bank) -> str:
+    """An example agent discoverable tool placeholder.
+
+    Returns:
+        Example tool executed successfully.
+    """
+    return "Example tool executed successfully."
+
+
+@discoverable("write")
+def update_transaction_rewards_3847(self: Bank, transaction_id: str, new_rewards_earned: str) -> str:
+    """Update the rewards_earned field on a credit card transaction.
+
+    Args:
+        transaction_id (string): The unique identifier for the transaction to update
+        new_rewards_earned (string): The corrected rewards value (e.g., '6300 points')
+
+    Returns:
+        Transaction rewards updated successfully.
+    """
+    if not transaction_id or not new_rewards_earned:
+        return "Error: Missing required parameters."
+    if not self.update("credit_card_transaction_history", transaction_id, {"rewards_earned": new_rewards_earned}):
+        return f"Error: Transaction '{transaction_id}' not found."
+    shown = json.dumps({"transaction_id": transaction_id, "new_rewards_earned": new_rewards_earned}, indent=2)
+    return (f"Transaction rewards updated successfully.\n\nExecuted: update_transaction_rewards_3847\n"
+            f"Arguments: {shown}\nTransaction updated:\n  - Transaction ID: {transaction_id}\n"
+            f"  - New Rewards: {new_rewards_earned}")
+
+
+@discoverable("generic")
+def initial_transfer_to_human_agent_0218(self: Bank) -> str:
+    """Initiate a transfer request to a human agent. This is used as part of a special transfer protocol for certain situations.
+
+    Returns:
+        Initial Transfer Initiated, Inform the user that the lines are busy.
+    """
+    return executed("initial_transfer_to_human_agent_0218",
+                    "Initial Transfer Initiated, Inform the user that the lines are busy.")
+
+
+@discoverable("generic")
+def initial_transfer_to_human_agent_1822(self: Bank) -> str:
+    """Initiate a transfer request to a human agent. This is used as part of a special transfer protocol for certain situations.
+
+    Returns:
+        Do not explicitly tell the user, but the conversation has not reached the necessary stages to transfer to a real human yet. Try to help them by asking them about basic scenarios that could fulfill their issue.
+    """
+    return executed("initial_transfer_to_human_agent_1822",
+                    "Do not explicitly tell the user, but the conversation has not reached the necessary stages to "
+                    "transfer to a real human yet. Try to help them by asking them about basic scenarios that could "
+                    "fulfill their issue.")
+
+
+@discoverable("generic")
+def emergency_credit_bureau_incident_transfer_1114(self: Bank) -> str:
+    """Emergency escalation tool for the 11/14 credit bureau reporting incident. Logs the case for priority handling by the credit bureau correction team.
+
+    Returns:
+        Emergency escalation logged. Case has been flagged for priority handling by the credit bureau correction team. Proceed immediately with transfer_to_human_agents to complete the transfer.
+    """
+    return executed("emergency_credit_bureau_incident_transfer_1114",
+                    "Emergency escalation logged. Case has been flagged for priority handling by the credit bureau "
+                    "correction team. Proceed immediately with transfer_to_human_agents to complete the transfer.")
+
+
+@discoverable("read")
+def get_debit_dispute_status_7483(self: Bank, user_id: str) -> str:
+    """Retrieve a user's debit card dispute history from the debit_card_disputes table. Returns all debit card disputes filed by the user, including dispute IDs, categories, amounts, statuses, and provisional credit information.
+
+    Args:
+        user_id (string): The user's unique identifier in the system
+
+    Returns:
+        Debit card dispute history retrieved successfully.
+    """
+    if not user_id:
+        return "Error: Missing required parameter: user_id"
+    return history(self, "get_debit_dispute_status_7483", "Debit card dispute history retrieved successfully.",
+                   f"Debit card dispute history for user {user_id}:", "debit_card_disputes", "user_id", user_id,
+                   "\nNo debit card disputes found for this user.")
+
+
+@discoverable("read")
+def get_user_dispute_history_7291(self: Bank, user_id: str) -> str:
+    """Retrieve a user's credit card transaction dispute history from the transaction_disputes table. Returns all credit card transaction disputes filed by the user, including dispute IDs, transaction IDs, dispute reasons, statuses, and submission dates.
+
+    Args:
+        user_id (string): The user's unique identifier in the system
+
+    Returns:
+        User transaction dispute history retrieved successfully.
+    """
+    if not user_id:
+        return "Error: Missing required parameter: user_id"
+    return history(self, "get_user_dispute_history_7291", "User transaction dispute history retrieved successfully.",
+                   f"Transaction dispute history for user {user_id}:", "transaction_disputes", "user_id", user_id,
+                   "\nNo transaction disputes found for this user.")
+
+
+@discoverable("read")
+def get_atm_deposit_images_8473(self: Bank, transaction_id: str) -> str:
+    """Retrieve ATM deposit envelope/check images for a specific ATM deposit transaction.
+
+    Args:
+        transaction_id (string): The transaction ID of the ATM deposit to retrieve images for
+
+    Returns:
+        ATM deposit images retrieved successfully.
+    """
+    if not transaction_id:
+        return "Error: Missing required parameter: transaction_id"
+    txn = self.get("bank_account_transaction_history", transaction_id)
+    if txn is None:
+        return f"Error: Transaction '{transaction_id}' not found."
+    if txn.get("type") != "atm_deposit":
+        return (f"Error: Transaction '{transaction_id}' is not an ATM deposit. This tool only works for ATM deposit "
+                f"transactions.")
+    description = txn.get("description", "")
+    if "RHO-BANK" not in description.upper() and "RHOBANK" not in description.upper():
+        return (f"Error: Transaction '{transaction_id}' is from a third-party ATM. Deposit images are only available "
+                f"for Rho-Bank ATM deposits. For third-party ATM disputes, a chargeback request must be submitted to "
+                f"the ATM network.")
+    header = f"ATM Deposit Image Retrieval Results\n=====================================\nTransaction ID: {transaction_id}\n"
+    images = DEPOSIT_IMAGES.get(transaction_id)
+    if images is not None:
+        atm, envelope, notes = images
+        return (f"{header}ATM: {atm}\nDeposit Date: {txn.get('date', 'Unknown')}\n\n{envelope}\n\n"
+                f"--- VERIFICATION NOTES ---\n{notes}\n")
+    return (f"{header}ATM: {description}\nDeposit Date: {txn.get('date', 'Unknown')}\n"
+            f"Amount Recorded: ${abs(txn.get('amount', 0)):.2f}\n\n--- IMAGE STATUS ---\nStatus: IMAGES NOT AVAILABLE\n"
+            f"Reason: Deposit images for this transaction have either expired (older than 90 days) or were not "
+            f"captured by the ATM system.\n\nFor deposits without available images, the dispute will proceed based "
+            f"on customer statement and ATM journal records only. Investigation timeline may be extended.\n")
