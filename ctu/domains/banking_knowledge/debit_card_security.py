@@ -5,7 +5,8 @@ from __future__ import annotations
 import datetime as dt
 
 from ctu.domains.banking_knowledge import ids
-from ctu.domains.banking_knowledge.debit_cards import pin_problem
+from ctu.domains.banking_knowledge.checks import debit_card, digits, ensure
+from ctu.domains.banking_knowledge.debit_cards import check_pin
 from ctu.domains.banking_knowledge.store import Bank
 from ctu.domains.banking_knowledge.toolkit import discoverable
 
@@ -13,6 +14,15 @@ DEFAULT_ATM_LIMITS = {"blue account": 500, "green account": 600, "light blue acc
                       "green fee-free account": 500, "evergreen account": 750, "bluest account": 1500,
                       "dark green account": 300, "gold years account": 600, "purple account": 1000}
 PIN_REMINDER = "Security reminder: Never share your PIN with anyone."
+
+
+def _check_pin_request(card_id: object, given: str, value: object, label: str, new_pin: object) -> None:
+    """The first checks of a PIN reset or change, in tau2's order: card_id, the four digits the customer gives
+    (``given``: last_4_digits or current_pin; ``label`` in its error) and new_pin present, those four digits, and
+    the new PIN."""
+    ensure(all([card_id, value, new_pin]), f"Error: Missing required parameters. Required: card_id, {given}, new_pin.")
+    digits(value, 4, f"Error: {label} must be exactly 4 digits.")
+    check_pin(new_pin)
 
 
 @discoverable("write")
@@ -27,21 +37,12 @@ def reset_debit_card_pin_6284(self: Bank, card_id: str, last_4_digits: str, new_
     Returns:
         Debit card PIN reset successfully.
     """
-    if not all([card_id, last_4_digits, new_pin]):
-        return "Error: Missing required parameters. Required: card_id, last_4_digits, new_pin."
-    if not last_4_digits.isdigit() or len(last_4_digits) != 4:
-        return "Error: Last 4 digits must be exactly 4 digits."
-    problem = pin_problem(new_pin)
-    if problem:
-        return f"Error: {problem}"
-    card = self.get("debit_cards", card_id)
-    if card is None:
-        return f"Error: Debit card '{card_id}' not found."
-    if card.get("last_4_digits") != last_4_digits:
-        return "Error: Card verification failed. The last 4 digits do not match our records."
-    if card.get("status") != "ACTIVE":
-        return (f"Error: Cannot reset PIN. Card status is {card.get('status')}. Only ACTIVE cards can have their PIN "
-                f"reset.")
+    _check_pin_request(card_id, "last_4_digits", last_4_digits, "Last 4 digits", new_pin)
+    card = debit_card(self, card_id)
+    ensure(card.get("last_4_digits") == last_4_digits,
+           "Error: Card verification failed. The last 4 digits do not match our records.")
+    ensure(card.get("status") == "ACTIVE",
+           f"Error: Cannot reset PIN. Card status is {card.get('status')}. Only ACTIVE cards can have their PIN reset.")
     self.edit("debit_cards", card_id).update({"pin_last_changed": ids.TODAY, "pin_locked": False,
                                               "pin_attempts_remaining": 3})
     return "\n".join(["Debit Card PIN Reset Successfully", f"Card ID: {card_id}", f"PIN Changed: {ids.TODAY}", "",
@@ -62,21 +63,11 @@ def change_debit_card_pin_6285(self: Bank, card_id: str, current_pin: str, new_p
     Returns:
         Debit card PIN changed successfully.
     """
-    if not all([card_id, current_pin, new_pin]):
-        return "Error: Missing required parameters. Required: card_id, current_pin, new_pin."
-    if not current_pin.isdigit() or len(current_pin) != 4:
-        return "Error: Current PIN must be exactly 4 digits."
-    problem = pin_problem(new_pin)
-    if problem:
-        return f"Error: {problem}"
-    if current_pin == new_pin:
-        return "Error: New PIN must be different from current PIN."
-    card = self.get("debit_cards", card_id)
-    if card is None:
-        return f"Error: Debit card '{card_id}' not found."
-    if card.get("status") != "ACTIVE":
-        return (f"Error: Cannot change PIN. Card status is {card.get('status')}. Only ACTIVE cards can have their PIN "
-                f"changed.")
+    _check_pin_request(card_id, "current_pin", current_pin, "Current PIN", new_pin)
+    ensure(current_pin != new_pin, "Error: New PIN must be different from current PIN.")
+    status = debit_card(self, card_id).get("status")
+    ensure(status == "ACTIVE",
+           f"Error: Cannot change PIN. Card status is {status}. Only ACTIVE cards can have their PIN changed.")
     self.edit("debit_cards", card_id)["pin_last_changed"] = ids.TODAY
     return "\n".join(["Debit Card PIN Changed Successfully", f"Card ID: {card_id}", f"PIN Changed: {ids.TODAY}", "",
                       "The new PIN is effective immediately.",
@@ -84,51 +75,45 @@ def change_debit_card_pin_6285(self: Bank, card_id: str, current_pin: str, new_p
                       PIN_REMINDER])
 
 
-def _limit_problem(self: Bank, card_id: object, card: dict | None) -> str | None:
-    """tau2's checks on the card and its account before a temporary limit increase."""
-    if card is None:
-        return f"Error: Debit card '{card_id}' not found."
-    if card.get("status") != "ACTIVE":
-        return (f"Error: Debit card '{card_id}' is not active. Current status: {card.get('status')}. Only ACTIVE "
-                f"cards can have limit increases.")
+def _check_limit_card(self: Bank, card_id: object) -> tuple[dict, dict]:
+    """tau2's checks on the card and its account before a temporary limit increase: (card, account)."""
+    card = debit_card(self, card_id)
+    ensure(card.get("status") == "ACTIVE", f"Error: Debit card '{card_id}' is not active. Current status: "
+                                           f"{card.get('status')}. Only ACTIVE cards can have limit increases.")
     account_id = card.get("account_id")
-    if not account_id or not self.has("accounts", account_id):
-        return f"Error: Could not find linked account for debit card '{card_id}'."
+    ensure(account_id and self.has("accounts", account_id),
+           f"Error: Could not find linked account for debit card '{card_id}'.")
     account = self.get("accounts", account_id)
-    if account.get("status") != "OPEN":
-        return (f"Error: The linked account '{account_id}' is not in good standing. Account status: "
-                f"{account.get('status')}.")
+    ensure(account.get("status") == "OPEN", f"Error: The linked account '{account_id}' is not in good standing. "
+                                            f"Account status: {account.get('status')}.")
     opened = account.get("date_opened")
     if opened:
         try:
             age = (dt.datetime.strptime(ids.TODAY, "%m/%d/%Y") - dt.datetime.strptime(opened, "%m/%d/%Y")).days
-            if age < 60:
-                return (f"Error: Account must be at least 60 days old for a temporary limit increase. Account age: "
-                        f"{age} days.")
         except ValueError:
-            pass
-    return None
+            age = None
+        ensure(age is None or not age < 60,
+               f"Error: Account must be at least 60 days old for a temporary limit increase. Account age: {age} days.")
+    return card, account
 
 
-def _current_limit(card: dict, account: dict, limit_type: str) -> tuple[object, str, str | None]:
-    """(the current limit, its name, an error) for ``limit_type``; an ATM limit defaults from the account level."""
+def _current_limit(card: dict, account: dict, limit_type: str) -> tuple[object, str]:
+    """(the current limit, its name) for ``limit_type``; an ATM limit defaults from the account level."""
     if limit_type != "atm":
-        return card.get("daily_purchase_limit"), "Daily Purchase Limit", None
+        return card.get("daily_purchase_limit"), "Daily Purchase Limit"
     name = "Daily ATM Withdrawal Limit"
     current = card.get("daily_atm_limit")
     if current is not None:
-        return current, name, None
+        return current, name
     level = account.get("level", "").lower()
-    if "light green" in level:
-        return None, name, ("Error: Light Green Account (teen checking) cards have policy-based limits that cannot "
-                            "be modified. The daily ATM withdrawal limit of $150 is fixed by account policy for safety "
-                            "reasons. The customer may request the parent/guardian to withdraw cash from their own "
-                            "account if needed.")
+    ensure("light green" not in level,
+           "Error: Light Green Account (teen checking) cards have policy-based limits that cannot be modified. The "
+           "daily ATM withdrawal limit of $150 is fixed by account policy for safety reasons. The customer may "
+           "request the parent/guardian to withdraw cash from their own account if needed.")
     current = DEFAULT_ATM_LIMITS.get(level)
-    if current is None:
-        return None, name, (f"Error: Could not determine the default ATM limit for account type "
-                            f"'{account.get('level')}'. Please verify the account type.")
-    return current, name, None
+    ensure(current is not None, f"Error: Could not determine the default ATM limit for account type "
+                                f"'{account.get('level')}'. Please verify the account type.")
+    return current, name
 
 
 @discoverable("write")
@@ -144,39 +129,28 @@ def request_temporary_debit_card_limit_increase_8374(self: Bank, card_id: str, l
     Returns:
         Temporary limit increase granted successfully.
     """
-    if not card_id:
-        return "Error: Missing required parameter: card_id."
-    if not limit_type:
-        return "Error: Missing required parameter: limit_type."
-    if limit_type not in ["atm", "purchase"]:
-        return f"Error: Invalid limit_type '{limit_type}'. Must be 'atm' or 'purchase'."
-    if new_limit is None:
-        return "Error: Missing required parameter: new_limit."
+    ensure(card_id, "Error: Missing required parameter: card_id.")
+    ensure(limit_type, "Error: Missing required parameter: limit_type.")
+    ensure(limit_type in ["atm", "purchase"], f"Error: Invalid limit_type '{limit_type}'. Must be 'atm' or 'purchase'.")
+    ensure(new_limit is not None, "Error: Missing required parameter: new_limit.")
     try:
         new_limit = float(new_limit)
     except (ValueError, TypeError):
         return f"Error: new_limit must be an integer, got '{new_limit}'."
-    if not new_limit.is_integer():
-        return f"Error: new_limit must be an integer, got '{new_limit}'."
+    ensure(new_limit.is_integer(), f"Error: new_limit must be an integer, got '{new_limit}'.")
     new_limit = int(new_limit)
-    if new_limit <= 0:
-        return "Error: new_limit must be a positive amount."
-    card = self.get("debit_cards", card_id)
-    problem = _limit_problem(self, card_id, card)
-    if problem:
-        return problem
-    current, name, problem = _current_limit(card, self.get("accounts", card.get("account_id")), limit_type)
-    if problem:
-        return problem
-    if current is None:
-        return (f"Error: The card does not have a {name.lower()} configured. This may be a restricted account type "
-                f"where limits are set by account policy and cannot be modified.")
+    ensure(new_limit > 0, "Error: new_limit must be a positive amount.")
+    card, account = _check_limit_card(self, card_id)
+    current, name = _current_limit(card, account, limit_type)
+    ensure(current is not None, f"Error: The card does not have a {name.lower()} configured. This may be a "
+                                f"restricted account type where limits are set by account policy and cannot be "
+                                f"modified.")
     ceiling = int(current * 1.5)
-    if new_limit > ceiling:
-        return (f"Error: Requested limit ${new_limit} exceeds the maximum allowed temporary increase. Maximum "
-                f"temporary limit is ${ceiling} (150% of current ${current} limit).")
-    if new_limit <= current:
-        return f"Error: Requested limit ${new_limit} is not higher than the current limit of ${current}."
+    ensure(not new_limit > ceiling, f"Error: Requested limit ${new_limit} exceeds the maximum allowed temporary "
+                                    f"increase. Maximum temporary limit is ${ceiling} (150% of current ${current} "
+                                    f"limit).")
+    ensure(not new_limit <= current,
+           f"Error: Requested limit ${new_limit} is not higher than the current limit of ${current}.")
     self.edit("debit_cards", card_id).update({
         "daily_atm_limit" if limit_type == "atm" else "daily_purchase_limit": new_limit,
         f"temporary_{limit_type}_limit_increase": True, f"original_{limit_type}_limit": current,

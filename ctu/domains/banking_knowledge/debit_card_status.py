@@ -4,6 +4,7 @@ fraud alerts."""
 from __future__ import annotations
 
 from ctu.domains.banking_knowledge import ids
+from ctu.domains.banking_knowledge.checks import card_status, debit_card, ensure, linked_account_open, one_of
 from ctu.domains.banking_knowledge.credit_cards import titled
 from ctu.domains.banking_knowledge.store import Bank
 from ctu.domains.banking_knowledge.toolkit import discoverable
@@ -19,26 +20,21 @@ FRAUD = ["unauthorized_transaction", "card_present_fraud", "card_not_present_fra
 CLOSE_REASONS = ["lost", "stolen", "fraud_suspected", "damaged", "no_longer_needed", "account_closing"]
 
 
-def _dispute_problem(values: dict[str, object]) -> str | None:
+def _check_dispute(values: dict[str, object]) -> None:
     """tau2's checks of a debit card dispute's fields, in its order."""
     required = [values[k] for k in ("transaction_id", "account_id", "card_id", "user_id", "dispute_category",
                                     "transaction_date", "discovery_date", "disputed_amount", "transaction_type",
                                     "pin_compromised", "card_action")]
-    if not all(required):
-        return "Error: Missing required parameters."
-    if values["customer_max_liability_amount"] is None:
-        return "Error: customer_max_liability_amount is required."
-    if any(values[k] is None for k in ("card_in_possession", "contacted_merchant", "police_report_filed",
-                                       "written_statement_provided")):
-        return ("Error: card_in_possession, contacted_merchant, police_report_filed, and written_statement_provided "
-                "are required boolean fields.")
+    ensure(all(required), "Error: Missing required parameters.")
+    ensure(values["customer_max_liability_amount"] is not None, "Error: customer_max_liability_amount is required.")
+    ensure(all(values[k] is not None for k in ("card_in_possession", "contacted_merchant", "police_report_filed",
+                                               "written_statement_provided")),
+           "Error: card_in_possession, contacted_merchant, police_report_filed, and written_statement_provided are "
+           "required boolean fields.")
     for field, allowed in (("dispute_category", DISPUTE_CATEGORIES), ("transaction_type", TRANSACTION_TYPES),
                            ("pin_compromised", PIN_STATUSES), ("card_action", CARD_ACTIONS)):
-        if values[field] not in allowed:
-            return f"Error: Invalid {field}. Must be one of: {allowed}"
-    if values["disputed_amount"] <= 0:
-        return "Error: disputed_amount must be a positive number."
-    return None
+        one_of(field, values[field], allowed)
+    ensure(not values["disputed_amount"] <= 0, "Error: disputed_amount must be a positive number.")
 
 
 @discoverable("write")
@@ -72,9 +68,7 @@ def file_debit_card_transaction_dispute_6281(
     Returns:
         Debit card transaction dispute filed successfully. A case has been opened and provisional credit determination has been recorded.
     """
-    problem = _dispute_problem(locals())
-    if problem:
-        return problem
+    _check_dispute(locals())
     dispute = ids.dispute_id(user_id, transaction_id)
     fraud = dispute_category in FRAUD
     pin_shared = pin_compromised == "yes_shared"
@@ -90,8 +84,8 @@ def file_debit_card_transaction_dispute_6281(
               "customer_max_liability_amount": customer_max_liability_amount, "card_action": card_action,
               "is_fraud_category": fraud, "pin_shared_voluntarily": pin_shared, "submitted_at": ids.TODAY,
               "status": "OPEN"}
-    if not self.add("debit_card_disputes", dispute, record):
-        return "Error: Dispute may have already been filed for this transaction."
+    ensure(self.add("debit_card_disputes", dispute, record),
+           "Error: Dispute may have already been filed for this transaction.")
     parts = [f"Dispute ID: {dispute}", f"Transaction: {transaction_id}", f"Account: {account_id}",
              f"Category: {titled(dispute_category)}", f"Disputed Amount: ${disputed_amount:.2f}",
              f"Card Action: {titled(card_action)}"]
@@ -119,14 +113,12 @@ def set_debit_card_recurring_block_7382(self: Bank, card_id: str, block_recurrin
     Returns:
         Debit card recurring payment settings updated successfully.
     """
-    if not card_id:
-        return "Error: Missing required parameter: card_id"
+    ensure(card_id, "Error: Missing required parameter: card_id")
     card = self.get("debit_cards", card_id)
-    if not card:
-        return f"Error: Debit card '{card_id}' not found."
+    ensure(card, f"Error: Debit card '{card_id}' not found.")
     status = card.get("status", "").upper()
-    if status != "ACTIVE":
-        return f"Error: Cannot update recurring block settings for a card with status '{status}'. Card must be ACTIVE."
+    ensure(status == "ACTIVE",
+           f"Error: Cannot update recurring block settings for a card with status '{status}'. Card must be ACTIVE.")
     self.edit("debit_cards", card_id)["recurring_blocked"] = block_recurring
     if block_recurring:
         return (f"Recurring payments BLOCKED for debit card {card_id}.\nAll recurring/subscription charges will be "
@@ -146,18 +138,12 @@ def close_debit_card_4721(self: Bank, card_id: str, reason: str) -> str:
     Returns:
         Debit card closed successfully.
     """
-    if not card_id or not reason:
-        return "Error: Missing required parameters. Required: card_id, reason."
-    if reason.lower() not in CLOSE_REASONS:
-        return f"Error: Invalid reason. Must be one of: {CLOSE_REASONS}"
+    ensure(card_id and reason, "Error: Missing required parameters. Required: card_id, reason.")
     reason = reason.lower()
-    card = self.get("debit_cards", card_id)
-    if card is None:
-        return f"Error: Debit card '{card_id}' not found."
-    previous = card.get("status")
-    if previous not in ["ACTIVE", "PENDING"]:
-        return (f"Error: Debit card '{card_id}' cannot be closed. Current status: {previous}. Only ACTIVE or PENDING "
-                f"cards can be closed.")
+    one_of("reason", reason, CLOSE_REASONS)
+    previous = debit_card(self, card_id).get("status")
+    ensure(previous in ["ACTIVE", "PENDING"], f"Error: Debit card '{card_id}' cannot be closed. Current status: "
+                                              f"{previous}. Only ACTIVE or PENDING cards can be closed.")
     self.edit("debit_cards", card_id).update({"status": "CLOSED", "closed_date": ids.TODAY, "closure_reason": reason})
     parts = ["Debit Card Closed Successfully", f"Card ID: {card_id}", f"Previous Status: {previous}", "New Status: CLOSED",
              f"Closure Reason: {titled(reason)}", f"Closure Date: {ids.TODAY}", ""]
@@ -183,16 +169,8 @@ def freeze_debit_card_3892(self: Bank, card_id: str) -> str:
     Returns:
         Debit card frozen successfully.
     """
-    if not card_id:
-        return "Error: Missing required parameter: card_id."
-    card = self.get("debit_cards", card_id)
-    if card is None:
-        return f"Error: Debit card '{card_id}' not found."
-    if card.get("status") == "FROZEN":
-        return f"Error: Debit card '{card_id}' is already frozen."
-    if card.get("status") != "ACTIVE":
-        return (f"Error: Debit card '{card_id}' cannot be frozen. Current status: {card.get('status')}. Only ACTIVE "
-                f"cards can be frozen.")
+    ensure(card_id, "Error: Missing required parameter: card_id.")
+    card_status(card_id, debit_card(self, card_id), already="FROZEN", required="ACTIVE", verb="frozen")
     self.edit("debit_cards", card_id).update({"status": "FROZEN", "frozen_date": ids.TODAY})
     return "\n".join(["Debit Card Frozen Successfully", f"Card ID: {card_id}", "Status: FROZEN",
                       f"Frozen Date: {ids.TODAY}", "", "While frozen:", "- All new purchase transactions will be declined",
@@ -212,19 +190,10 @@ def unfreeze_debit_card_3893(self: Bank, card_id: str) -> str:
     Returns:
         Debit card unfrozen successfully.
     """
-    if not card_id:
-        return "Error: Missing required parameter: card_id."
-    card = self.get("debit_cards", card_id)
-    if card is None:
-        return f"Error: Debit card '{card_id}' not found."
-    if card.get("status") == "ACTIVE":
-        return f"Error: Debit card '{card_id}' is already active."
-    if card.get("status") != "FROZEN":
-        return (f"Error: Debit card '{card_id}' cannot be unfrozen. Current status: {card.get('status')}. Only FROZEN "
-                f"cards can be unfrozen.")
-    account_id = card.get("account_id")
-    if account_id and self.has("accounts", account_id) and self.get("accounts", account_id).get("status") != "OPEN":
-        return f"Error: The linked checking account '{account_id}' is no longer open. Card cannot be unfrozen."
+    ensure(card_id, "Error: Missing required parameter: card_id.")
+    card = debit_card(self, card_id)
+    card_status(card_id, card, already="ACTIVE", required="FROZEN", verb="unfrozen")
+    linked_account_open(self, card, "unfrozen")
     self.edit("debit_cards", card_id).update({"status": "ACTIVE", "unfrozen_date": ids.TODAY})
     return "\n".join(["Debit Card Unfrozen Successfully", f"Card ID: {card_id}", "Status: ACTIVE",
                       f"Unfrozen Date: {ids.TODAY}", "", "The card is now active and ready to use immediately.",
@@ -242,30 +211,24 @@ def clear_debit_card_fraud_alert_4892(self: Bank, card_id: str, reason: str) -> 
     Returns:
         Fraud alert/velocity block cleared successfully.
     """
-    if not card_id:
-        return "Error: Missing required parameter: card_id."
-    if not reason:
-        return "Error: Missing required parameter: reason."
+    ensure(card_id, "Error: Missing required parameter: card_id.")
+    ensure(reason, "Error: Missing required parameter: reason.")
     reasons = ["customer_verified", "velocity_clear"]
-    if reason not in reasons:
-        return f"Error: Invalid reason '{reason}'. Must be one of: {', '.join(reasons)}"
-    card = self.get("debit_cards", card_id)
-    if card is None:
-        return f"Error: Debit card '{card_id}' not found."
+    ensure(reason in reasons, f"Error: Invalid reason '{reason}'. Must be one of: {', '.join(reasons)}")
+    card = debit_card(self, card_id)
     if reason == "velocity_clear":
-        if not card.get("velocity_blocked", False):
-            return f"Error: Debit card '{card_id}' does not have an active velocity block."
+        ensure(card.get("velocity_blocked", False),
+               f"Error: Debit card '{card_id}' does not have an active velocity block.")
         self.edit("debit_cards", card_id).update({"velocity_blocked": False, "velocity_cleared_date": ids.TODAY})
         return "\n".join(["Velocity Block Cleared Successfully", f"Card ID: {card_id}", f"Cleared Date: {ids.TODAY}", "",
                           "The card is now unblocked and ready for normal use.",
                           "The velocity monitoring will continue - if the same unusual patterns recur,",
                           "the card may be blocked again automatically."])
-    if not card.get("fraud_alert_active", False):
-        return f"Error: Debit card '{card_id}' does not have an active fraud alert."
-    if card.get("alert_source") == "bank_initiated":
-        return ("Error: BANK_INITIATED_ALERT - This fraud alert was initiated by the bank's fraud detection system and "
-                "cannot be cleared by customer service agents. Please transfer the customer to the security team "
-                "using transfer_to_human_agents.")
+    ensure(card.get("fraud_alert_active", False), f"Error: Debit card '{card_id}' does not have an active fraud alert.")
+    ensure(card.get("alert_source") != "bank_initiated",
+           "Error: BANK_INITIATED_ALERT - This fraud alert was initiated by the bank's fraud detection system and "
+           "cannot be cleared by customer service agents. Please transfer the customer to the security team using "
+           "transfer_to_human_agents.")
     self.edit("debit_cards", card_id).update({"fraud_alert_active": False, "alert_source": None,
                                               "fraud_alert_cleared_date": ids.TODAY})
     return "\n".join(["Fraud Alert Cleared Successfully", f"Card ID: {card_id}", f"Cleared Date: {ids.TODAY}", "",

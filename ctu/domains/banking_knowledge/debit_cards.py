@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from ctu.domains.banking_knowledge import ids
+from ctu.domains.banking_knowledge.checks import (
+    bank_account,
+    card_status,
+    debit_card,
+    digits,
+    ensure,
+    linked_account_open,
+    one_of,
+)
+from ctu.domains.banking_knowledge.credit_cards import titled
 from ctu.domains.banking_knowledge.store import Bank
 from ctu.domains.banking_knowledge.toolkit import discoverable
 
@@ -20,15 +31,12 @@ ACTIVATION_TOOL = {"new_account": "activate_debit_card_8291", "first_card": "act
                    "bank_reissue": "activate_debit_card_8293"}
 
 
-def pin_problem(pin: object) -> str | None:
-    """Why a new PIN is refused (4 digits, not sequential, not one digit repeated), or None."""
-    if not pin or not pin.isdigit() or len(pin) != 4:
-        return "PIN must be exactly 4 digits."
-    if pin in SEQUENTIAL_PINS:
-        return "PIN cannot be sequential (e.g., 1234). Please choose a more secure PIN."
-    if len(set(pin)) == 1:
-        return "PIN cannot be all the same digit (e.g., 1111). Please choose a more secure PIN."
-    return None
+def check_pin(pin: object) -> None:
+    """tau2's rules for a new PIN: 4 digits, not sequential, not one digit repeated."""
+    ensure(pin and pin.isdigit() and len(pin) == 4, "Error: PIN must be exactly 4 digits.")
+    ensure(pin not in SEQUENTIAL_PINS, "Error: PIN cannot be sequential (e.g., 1234). Please choose a more secure PIN.")
+    ensure(len(set(pin)) != 1,
+           "Error: PIN cannot be all the same digit (e.g., 1111). Please choose a more secure PIN.")
 
 
 def expiry(issue_date: str) -> str:
@@ -55,16 +63,28 @@ def _fees(delivery: float, design: float, excess: float, sep: str) -> list[str]:
     return out + ([f"Excess Replacement{sep}${excess:.0f}"] if excess > 0 else [])
 
 
-def _order_problem(self: Bank, account_id: object, balance: float) -> str | None:
-    """tau2's checks before an order: the $25 minimum, no pending order, no active card on the account."""
-    if balance < 25.0:
-        return f"Error: Account must have a minimum balance of $25. Current balance: ${balance:.2f}"
-    if any(o.get("account_id") == account_id and o.get("status") == "PENDING" for o in self.values("debit_card_orders")):
-        return f"Error: There is already a pending debit card order for account '{account_id}'."
-    if sum(1 for c in self.values("debit_cards") if c.get("account_id") == account_id and c.get("status") == "ACTIVE"):
-        return (f"Error: Account '{account_id}' already has an active debit card. Maximum 1 active card per checking "
-                f"account.")
-    return None
+def _check_order(self: Bank, account_id: object, user_id: object) -> float:
+    """tau2's checks of the account before an order (an open checking account of the user's, with $25 at least,
+    no pending order, no active card); its balance."""
+    account = bank_account(self, account_id)
+    ensure(account.get("class") == "checking", f"Error: Debit cards can only be ordered for checking accounts. "
+                                               f"Account '{account_id}' is a {account.get('class')} account.")
+    ensure(account.get("status") == "OPEN",
+           f"Error: Account must be OPEN. Account '{account_id}' has status: {account.get('status')}")
+    ensure(account.get("user_id") == user_id, f"Error: Account '{account_id}' does not belong to user '{user_id}'.")
+    try:
+        balance = float(str(account.get("current_holdings", "0")).replace(",", ""))
+    except ValueError:
+        balance = 0.0
+    ensure(not balance < 25.0, f"Error: Account must have a minimum balance of $25. Current balance: ${balance:.2f}")
+    ensure(not any(o.get("account_id") == account_id and o.get("status") == "PENDING"
+                   for o in self.values("debit_card_orders")),
+           f"Error: There is already a pending debit card order for account '{account_id}'.")
+    ensure(not sum(1 for c in self.values("debit_cards") if c.get("account_id") == account_id
+                   and c.get("status") == "ACTIVE"),
+           f"Error: Account '{account_id}' already has an active debit card. Maximum 1 active card per checking "
+           f"account.")
+    return balance
 
 
 @discoverable("write")
@@ -103,39 +123,21 @@ def order_debit_card_5739(self: Bank, account_id: str, user_id: str, delivery_op
                 shipping_address]):
         return ("Error: Missing required parameters. Required: account_id, user_id, delivery_option, delivery_fee, "
                 "card_design, design_fee, shipping_address.")
-    if delivery_option.upper() not in list(DELIVERY_TIMES):
-        return f"Error: Invalid delivery_option. Must be one of: {list(DELIVERY_TIMES)}"
     delivery_option = delivery_option.upper()
-    if card_design.upper() not in DESIGNS:
-        return f"Error: Invalid card_design. Must be one of: {DESIGNS}"
+    one_of("delivery_option", delivery_option, list(DELIVERY_TIMES))
     card_design = card_design.upper()
-    account = self.get("accounts", account_id)
-    if account is None:
-        return f"Error: Account '{account_id}' not found."
-    if account.get("class") != "checking":
-        return (f"Error: Debit cards can only be ordered for checking accounts. Account '{account_id}' is a "
-                f"{account.get('class')} account.")
-    if account.get("status") != "OPEN":
-        return f"Error: Account must be OPEN. Account '{account_id}' has status: {account.get('status')}"
-    if account.get("user_id") != user_id:
-        return f"Error: Account '{account_id}' does not belong to user '{user_id}'."
-    try:
-        balance = float(str(account.get("current_holdings", "0")).replace(",", ""))
-    except ValueError:
-        balance = 0.0
-    problem = _order_problem(self, account_id, balance)
-    if problem:
-        return problem
+    one_of("card_design", card_design, DESIGNS)
+    balance = _check_order(self, account_id, user_id)
     total = delivery_fee + design_fee + excess_replacement_fee
-    if total > 0 and balance < total:
-        return f"Error: Insufficient funds for fees. Total fees: ${total:.2f}. Current balance: ${balance:.2f}"
+    ensure(not (total > 0 and balance < total),
+           f"Error: Insufficient funds for fees. Total fees: ${total:.2f}. Current balance: ${balance:.2f}")
     order_id = ids.debit_card_order_id(account_id, user_id, delivery_option)
     order = {"order_id": order_id, "account_id": account_id, "user_id": user_id, "delivery_option": delivery_option,
              "card_design": card_design, "shipping_address": shipping_address, "delivery_fee": delivery_fee,
              "design_fee": design_fee, "excess_replacement_fee": excess_replacement_fee, "total_fee": total,
              "order_date": ids.TODAY, "expected_delivery": DELIVERY_TIMES[delivery_option], "status": "PENDING"}
-    if not self.add("debit_card_orders", order_id, order):
-        return "Error: Failed to create debit card order. Order may already exist."
+    ensure(self.add("debit_card_orders", order_id, order),
+           "Error: Failed to create debit card order. Order may already exist.")
     if total > 0:
         self.edit("accounts", account_id)["current_holdings"] = f"{balance - total:.2f}"
         fee_txn = f"btxn_dcfee_{order_id[-8:]}"
@@ -166,40 +168,53 @@ def order_debit_card_5739(self: Bank, account_id: str, user_id: str, delivery_op
     return "\n".join(parts)
 
 
-def _activation_problem(self: Bank, card_id: object, last_4_digits: object, expiration_date: object, cvv: object,
-                        pin: object, reasons: list[str], tool: str) -> str | None:
-    """tau2's checks before any activation, in its order; None when the card may be activated."""
-    if not all([card_id, last_4_digits, expiration_date, cvv, pin]):
-        return "Error: Missing required parameters. Required: card_id, last_4_digits, expiration_date, cvv, pin."
-    problem = pin_problem(pin)
-    if problem:
-        return f"Error: {problem}"
-    if not cvv.isdigit() or len(cvv) != 3:
-        return "Error: CVV must be exactly 3 digits."
-    if not last_4_digits.isdigit() or len(last_4_digits) != 4:
-        return "Error: Last 4 digits must be exactly 4 digits."
-    card = self.get("debit_cards", card_id)
-    if card is None:
-        return f"Error: Debit card '{card_id}' not found."
+ACTIVATION_ARGS = """
+
+    Args:
+        card_id (string): The debit card ID to activate
+        last_4_digits (string): Last 4 digits of the card number (for verification)
+        expiration_date (string): Card expiration date in MM/YY format
+        cvv (string): 3-digit CVV from the back of the card
+        pin (string): 4-digit PIN chosen by the customer
+
+    Returns:
+        {returns}
+    """
+
+
+def activation_doc(returns: str) -> Callable[[Callable], Callable]:
+    """Decorator completing an activation tool's docstring (its first line) with the Args the three share."""
+
+    def wrap(fn: Callable) -> Callable:
+        fn.__doc__ += ACTIVATION_ARGS.format(returns=returns)
+        return fn
+
+    return wrap
+
+
+def _check_activation(self: Bank, tool: str, card_id: object, last_4_digits: object, expiration_date: object,
+                      cvv: object, pin: object) -> str:
+    """tau2's checks before an activation with ``tool``, in its order; the card's issue reason."""
+    ensure(all([card_id, last_4_digits, expiration_date, cvv, pin]),
+           "Error: Missing required parameters. Required: card_id, last_4_digits, expiration_date, cvv, pin.")
+    check_pin(pin)
+    digits(cvv, 3, "Error: CVV must be exactly 3 digits.")
+    digits(last_4_digits, 4, "Error: Last 4 digits must be exactly 4 digits.")
+    card = debit_card(self, card_id)
     reason = card.get("issue_reason", "new_account")
-    if reason not in reasons:
-        return (f"Error: Wrong activation tool. This card has issue_reason='{reason}'. Please use "
-                f"{ACTIVATION_TOOL.get(reason, 'unknown')} instead of {tool}.")
-    if card.get("status") == "ACTIVE":
-        return f"Error: Debit card '{card_id}' is already active."
-    if card.get("status") != "PENDING":
-        return (f"Error: Debit card '{card_id}' cannot be activated. Current status: {card.get('status')}. Only "
-                f"PENDING cards can be activated.")
-    if card.get("last_4_digits") != last_4_digits:
-        return "Error: Card verification failed. The last 4 digits do not match our records."
-    account_id = card.get("account_id")
-    if account_id and self.has("accounts", account_id) and self.get("accounts", account_id).get("status") != "OPEN":
-        return f"Error: The linked checking account '{account_id}' is no longer open. Card cannot be activated."
-    return None
+    ensure(reason in [r for r, t in ACTIVATION_TOOL.items() if t == tool],
+           f"Error: Wrong activation tool. This card has issue_reason='{reason}'. Please use "
+           f"{ACTIVATION_TOOL.get(reason, 'unknown')} instead of {tool}.")
+    card_status(card_id, card, already="ACTIVE", required="PENDING", verb="activated")
+    ensure(card.get("last_4_digits") == last_4_digits,
+           "Error: Card verification failed. The last 4 digits do not match our records.")
+    linked_account_open(self, card, "activated")
+    return reason
 
 
-def _activate(self: Bank, card_id: object, new_status: str, stamp: str, why: str) -> tuple[dict, list[str]]:
-    """Activate the card; give the account's other active cards ``new_status`` (dated ``stamp``, reason ``why``)."""
+def _activate(self: Bank, card_id: object, new_status: str, stamp: str, why: str) -> list[str]:
+    """Activate the card; give the account's other active cards ``new_status`` (dated ``stamp``, reason ``why``):
+    their ids."""
     card = self.edit("debit_cards", card_id)
     card["status"] = "ACTIVE"
     card["activated_date"] = ids.TODAY
@@ -209,29 +224,16 @@ def _activate(self: Bank, card_id: object, new_status: str, stamp: str, why: str
             other = self.edit("debit_cards", other_id)
             other.update({"status": new_status, stamp: ids.TODAY, "deactivation_reason": why})
             changed.append(other_id)
-    return card, changed
+    return changed
 
 
 @discoverable("write")
+@activation_doc("New debit card activated successfully.")
 def activate_debit_card_8291(self: Bank, card_id: str, last_4_digits: str, expiration_date: str, cvv: str,
                              pin: str) -> str:
-    """Activate a NEW debit card for a customer. Use ONLY for first-time cards on a checking account (issue_reason = 'new_account' or 'first_card'). For replacement or reissued cards, use the appropriate variant.
-
-    Args:
-        card_id (string): The debit card ID to activate
-        last_4_digits (string): Last 4 digits of the card number (for verification)
-        expiration_date (string): Card expiration date in MM/YY format
-        cvv (string): 3-digit CVV from the back of the card
-        pin (string): 4-digit PIN chosen by the customer
-
-    Returns:
-        New debit card activated successfully.
-    """
-    problem = _activation_problem(self, card_id, last_4_digits, expiration_date, cvv, pin,
-                                  ["new_account", "first_card"], "activate_debit_card_8291")
-    if problem:
-        return problem
-    _, changed = _activate(self, card_id, "DEACTIVATED", "deactivated_date", "New card activated")
+    """Activate a NEW debit card for a customer. Use ONLY for first-time cards on a checking account (issue_reason = 'new_account' or 'first_card'). For replacement or reissued cards, use the appropriate variant."""
+    _check_activation(self, "activate_debit_card_8291", card_id, last_4_digits, expiration_date, cvv, pin)
+    changed = _activate(self, card_id, "DEACTIVATED", "deactivated_date", "New card activated")
     parts = ["New Debit Card Activation Successful", f"Card ID: {card_id}", "Status: ACTIVE",
              f"Activation Date: {ids.TODAY}", "", "Your card is now ready to use at any ATM or point of sale terminal.",
              "For security, please sign the back of your card."]
@@ -241,30 +243,16 @@ def activate_debit_card_8291(self: Bank, card_id: str, last_4_digits: str, expir
 
 
 @discoverable("write")
+@activation_doc("Replacement debit card activated successfully.")
 def activate_debit_card_8292(self: Bank, card_id: str, last_4_digits: str, expiration_date: str, cvv: str,
                              pin: str) -> str:
-    """Activate a REPLACEMENT debit card. Use ONLY for cards replacing lost, stolen, or fraud-suspected cards (issue_reason = 'lost', 'stolen', or 'fraud'). For new or reissued cards, use the appropriate variant.
-
-    Args:
-        card_id (string): The debit card ID to activate
-        last_4_digits (string): Last 4 digits of the card number (for verification)
-        expiration_date (string): Card expiration date in MM/YY format
-        cvv (string): 3-digit CVV from the back of the card
-        pin (string): 4-digit PIN chosen by the customer
-
-    Returns:
-        Replacement debit card activated successfully.
-    """
-    problem = _activation_problem(self, card_id, last_4_digits, expiration_date, cvv, pin, ["lost", "stolen", "fraud"],
-                                  "activate_debit_card_8292")
-    if problem:
-        return problem
-    reason = self.get("debit_cards", card_id).get("issue_reason", "lost")
-    _, changed = _activate(self, card_id, "DEACTIVATED", "deactivated_date", f"Replacement card activated ({reason})")
+    """Activate a REPLACEMENT debit card. Use ONLY for cards replacing lost, stolen, or fraud-suspected cards (issue_reason = 'lost', 'stolen', or 'fraud'). For new or reissued cards, use the appropriate variant."""
+    reason = _check_activation(self, "activate_debit_card_8292", card_id, last_4_digits, expiration_date, cvv, pin)
+    changed = _activate(self, card_id, "DEACTIVATED", "deactivated_date", f"Replacement card activated ({reason})")
     parts = ["Replacement Debit Card Activation Successful", f"Card ID: {card_id}",
-             f"Replacement Reason: {reason.replace('_', ' ').title()}", "Status: ACTIVE",
-             f"Activation Date: {ids.TODAY}", "", "Your replacement card is now ready to use.", "",
-             "IMPORTANT SECURITY REMINDERS:", "- Please review your recent transactions for any unauthorized charges",
+             f"Replacement Reason: {titled(reason)}", "Status: ACTIVE", f"Activation Date: {ids.TODAY}", "",
+             "Your replacement card is now ready to use.", "", "IMPORTANT SECURITY REMINDERS:",
+             "- Please review your recent transactions for any unauthorized charges",
              "- Report any suspicious activity immediately"]
     if reason == "fraud":
         parts.append("- Since fraud was suspected, we recommend changing your online banking password")
@@ -274,29 +262,14 @@ def activate_debit_card_8292(self: Bank, card_id: str, last_4_digits: str, expir
 
 
 @discoverable("write")
+@activation_doc("Reissued debit card activated successfully.")
 def activate_debit_card_8293(self: Bank, card_id: str, last_4_digits: str, expiration_date: str, cvv: str,
                              pin: str) -> str:
-    """Activate a REISSUED debit card. Use ONLY for cards reissued due to expiration, damage, design upgrade, or bank-initiated replacement (issue_reason = 'expired', 'damaged', 'upgrade', or 'bank_reissue'). For new or replacement cards, use the appropriate variant.
-
-    Args:
-        card_id (string): The debit card ID to activate
-        last_4_digits (string): Last 4 digits of the card number (for verification)
-        expiration_date (string): Card expiration date in MM/YY format
-        cvv (string): 3-digit CVV from the back of the card
-        pin (string): 4-digit PIN chosen by the customer
-
-    Returns:
-        Reissued debit card activated successfully.
-    """
-    problem = _activation_problem(self, card_id, last_4_digits, expiration_date, cvv, pin,
-                                  ["expired", "damaged", "upgrade", "bank_reissue"], "activate_debit_card_8293")
-    if problem:
-        return problem
-    reason = self.get("debit_cards", card_id).get("issue_reason", "expired")
-    _, changed = _activate(self, card_id, "GRACE_PERIOD", "grace_period_ends", f"Reissued card activated ({reason})")
-    parts = ["Reissued Debit Card Activation Successful", f"Card ID: {card_id}",
-             f"Reissue Reason: {reason.replace('_', ' ').title()}", "Status: ACTIVE", f"Activation Date: {ids.TODAY}",
-             "", "Your reissued card is now ready to use."]
+    """Activate a REISSUED debit card. Use ONLY for cards reissued due to expiration, damage, design upgrade, or bank-initiated replacement (issue_reason = 'expired', 'damaged', 'upgrade', or 'bank_reissue'). For new or replacement cards, use the appropriate variant."""
+    reason = _check_activation(self, "activate_debit_card_8293", card_id, last_4_digits, expiration_date, cvv, pin)
+    changed = _activate(self, card_id, "GRACE_PERIOD", "grace_period_ends", f"Reissued card activated ({reason})")
+    parts = ["Reissued Debit Card Activation Successful", f"Card ID: {card_id}", f"Reissue Reason: {titled(reason)}",
+             "Status: ACTIVE", f"Activation Date: {ids.TODAY}", "", "Your reissued card is now ready to use."]
     if changed:
         parts += [f"\nNote: Your previous card(s) ({', '.join(changed)}) will remain active for 24 hours as a grace "
                   f"period.", "After 24 hours, the old card(s) will be automatically deactivated."]
@@ -316,14 +289,10 @@ def get_debit_cards_by_account_id_7823(self: Bank, account_id: str) -> str:
     Returns:
         Debit cards retrieved successfully.
     """
-    if not account_id:
-        return "Error: Missing required parameter 'account_id'."
-    account = self.get("accounts", account_id)
-    if account is None:
-        return f"Error: Account '{account_id}' not found."
-    if account.get("class", "").lower() not in ["checking", "business_checking"]:
-        return (f"Error: Account '{account_id}' is not a checking account. Debit cards are only available for "
-                f"checking accounts.")
+    ensure(account_id, "Error: Missing required parameter 'account_id'.")
+    ensure(bank_account(self, account_id).get("class", "").lower() in ["checking", "business_checking"],
+           f"Error: Account '{account_id}' is not a checking account. Debit cards are only available for checking "
+           f"accounts.")
     cards = []
     for card_id, card in self.rows("debit_cards"):
         if card.get("account_id") == account_id:

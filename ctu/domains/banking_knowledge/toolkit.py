@@ -5,7 +5,8 @@ argument is Python's own ``TypeError`` ("KnowledgeTools.log_verification() missi
 argument: 'email'"), any exception becomes the tool message ``"Error: <exception>"`` flagged as an error, and
 everything a tool *returns* (its many ``"Error: ..."`` strings included) is a normal result. ctu's tools are
 plain functions ``fn(self, **arguments)`` (``self`` is the episode's :class:`~.store.Bank`); :class:`Method`
-calls one the same way and words Python's argument errors with the tau2 class the method lives on.
+calls one the same way and words Python's argument errors with the tau2 class the method lives on, and answers
+with the text of a :class:`~.checks.Refusal` a tool's check raised (what tau2's tool returns there).
 
 Each function's docstring is tau2's tool documentation: the description and parameters of the OpenAI schema
 (:func:`schema`), and for discoverable tools what ``unlock_discoverable_agent_tool`` shows (:func:`tool_info`).
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin
 
+from ctu.domains.banking_knowledge.checks import Refusal
 from ctu.domains.banking_knowledge.store import Bank
 from ctu.domains.base import DBView, Tool, ToolError
 
@@ -43,11 +45,13 @@ class Method:
     module: str = TAU2_TOOLS_MODULE  # tau2's module (Python names it in some argument errors)
 
     def __call__(self, bank: Bank, arguments: Any) -> Any:
-        """``fn(bank, **arguments)``, as tau2 calls the bound method."""
+        """``fn(bank, **arguments)``, as tau2 calls the bound method (a refusal is the tool's answer)."""
         try:
             return self.fn(bank, **arguments)
         except TypeError as exc:
             raise TypeError(self.retitle(str(exc))) from None
+        except Refusal as refusal:
+            return refusal.text
 
     def retitle(self, text: str) -> str:
         """Python's argument error about ``fn`` worded about tau2's ``owner.name`` instead."""
