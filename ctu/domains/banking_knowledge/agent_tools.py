@@ -9,6 +9,7 @@ read-log allowlist of tau2 1.0.1), so extra reads never change the DB comparison
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
@@ -16,7 +17,16 @@ from typing import Literal
 
 from ctu.domains.banking_knowledge import ids
 from ctu.domains.banking_knowledge.store import Bank, lookup, query_database_tool
-from ctu.domains.banking_knowledge.toolkit import AGENT, USER, Method, describe_for_agent, register, tool_info
+from ctu.domains.banking_knowledge.toolkit import (
+    AGENT,
+    USER,
+    Method,
+    describe_for_agent,
+    docstring,
+    register,
+    tool_function,
+    tool_info,
+)
 
 DISCOVERABLE_MODULES = ("misc_tools", "credit_cards", "credit_limits", "bank_accounts", "debit_cards", "debit_card_status",
                         "debit_card_security")
@@ -57,34 +67,26 @@ def get_current_time(self: Bank) -> str:
     return f"The current time is {ids.CURRENT_TIME}."
 
 
-@register(AGENT, "KnowledgeTools", "read")
-def get_user_information_by_id(self: Bank, user_id: str) -> str:
-    """Get the information (date of birth, email, phone number, address) for a user by their user id.
-
-    Args:
-        user_id: The ID of the user
-    """
-    return lookup(self, "users", "user_id", user_id)
+def _lookup_tools(rows: tuple[tuple[str, str, str, str, str, str], ...]) -> None:
+    """Register tau2's lookups: one argument, answered with its query of one table on one field."""
+    for name, parameter, about, table, field, description in rows:
+        run = functools.partial(_lookup, table=table, field=field)
+        doc = docstring(description, (f"{parameter}: {about}",))
+        register(AGENT, "KnowledgeTools", "read")(tool_function(name, (parameter,), run, doc, __name__))
 
 
-@register(AGENT, "KnowledgeTools", "read")
-def get_user_information_by_name(self: Bank, customer_name: str) -> str:
-    """Get the information (date of birth, email, phone number, address) for a user by their name. Case Sensitive.
-
-    Args:
-        customer_name: The name of the user
-    """
-    return lookup(self, "users", "name", customer_name)
+def _lookup(self: Bank, value: object, table: str, field: str) -> str:
+    return lookup(self, table, field, value)
 
 
-@register(AGENT, "KnowledgeTools", "read")
-def get_user_information_by_email(self: Bank, email: str) -> str:
-    """Get the information (date of birth, email, phone number, address) for a user by their email.
-
-    Args:
-        email: The email of the user
-    """
-    return lookup(self, "users", "email", email)
+USER_INFO = "Get the information (date of birth, email, phone number, address) for a user by their"
+# (tool, its parameter, the parameter's description, the table and field it queries, the tool's description)
+_lookup_tools((
+    ("get_user_information_by_id", "user_id", "The ID of the user", "users", "user_id", f"{USER_INFO} user id."),
+    ("get_user_information_by_name", "customer_name", "The name of the user", "users", "name",
+     f"{USER_INFO} name. Case Sensitive."),
+    ("get_user_information_by_email", "email", "The email of the user", "users", "email", f"{USER_INFO} email."),
+))
 
 
 @register(AGENT, "KnowledgeTools", "write")
@@ -100,37 +102,15 @@ def change_user_email(self: Bank, user_id: str, new_email: str) -> str:
     return f"Email updated successfully.\n  - User ID: {user_id}\n  - New Email: {new_email}"
 
 
-@register(AGENT, "KnowledgeTools", "read")
-def get_referrals_by_user(self: Bank, user_id: str) -> str:
-    """Get all referrals made by a user.
-
-    Args:
-        user_id: The ID of the user (referrer) to look up referrals for
-    """
-    return lookup(self, "referrals", "referrer_id", user_id)
-
-
-@register(AGENT, "KnowledgeTools", "read")
-def get_credit_card_transactions_by_user(self: Bank, user_id: str) -> str:
-    """Get all credit card transactions for a user.
-
-    Args:
-        user_id: The ID of the user to look up transactions for
-    """
-    return lookup(self, "credit_card_transaction_history", "user_id", user_id)
-
-
-@register(AGENT, "KnowledgeTools", "read")
-def get_credit_card_accounts_by_user(self: Bank, user_id: str) -> str:
-    """Get all credit card accounts for a user.
-
-    Returns information about each credit card account including card type,
-    date opened, current balance, and reward points.
-
-    Args:
-        user_id: The ID of the user to look up credit card accounts for
-    """
-    return lookup(self, "credit_card_accounts", "user_id", user_id)
+_lookup_tools((
+    ("get_referrals_by_user", "user_id", "The ID of the user (referrer) to look up referrals for", "referrals",
+     "referrer_id", "Get all referrals made by a user."),
+    ("get_credit_card_transactions_by_user", "user_id", "The ID of the user to look up transactions for",
+     "credit_card_transaction_history", "user_id", "Get all credit card transactions for a user."),
+    ("get_credit_card_accounts_by_user", "user_id", "The ID of the user to look up credit card accounts for",
+     "credit_card_accounts", "user_id", "Get all credit card accounts for a user.\n\nReturns information about each "
+     "credit card account including card type,\ndate opened, current balance, and reward points."),
+))
 
 
 @register(AGENT, "KnowledgeTools", "write")

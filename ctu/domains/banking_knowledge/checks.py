@@ -51,6 +51,14 @@ def bank_account(self: Bank, account_id: Any) -> dict:
     return record(self, "accounts", account_id, f"Error: Account '{account_id}' not found.")
 
 
+def owned_card(self: Bank, account_id: Any, user_id: Any) -> dict:
+    """The credit card account, refused when it does not exist or is not the user's."""
+    card = record(self, "credit_card_accounts", account_id, f"Error: Credit card account '{account_id}' not found.")
+    ensure(card.get("user_id") == user_id,
+           f"Error: Credit card account '{account_id}' does not belong to user '{user_id}'.")
+    return card
+
+
 def card_status(card_id: Any, card: dict, already: str, required: str, verb: str) -> None:
     """tau2's checks before a debit card is ``verb`` (frozen, unfrozen, activated): not already in status
     ``already``, and in status ``required``."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 from ctu.domains.banking_knowledge import ids
-from ctu.domains.banking_knowledge.misc_tools import history
-from ctu.domains.banking_knowledge.store import Bank, account_balance, found, lookup
+from ctu.domains.banking_knowledge.checks import ensure, one_of, owned_card, record
+from ctu.domains.banking_knowledge.misc_tools import history_tool
+from ctu.domains.banking_knowledge.store import Bank, account_balance, dollars, found, lookup
 from ctu.domains.banking_knowledge.toolkit import discoverable
 
 DISPUTE_REASONS = ["unauthorized_fraudulent_charge", "duplicate_charge", "incorrect_amount",
@@ -27,9 +28,10 @@ def titled(code: str) -> str:
     return code.replace("_", " ").title()
 
 
-def card_account_missing(self: Bank, account_id: object) -> bool:
-    """tau2's existence check on a credit card account: a query on its ``account_id`` field found nothing."""
-    return not found(lookup(self, "credit_card_accounts", "account_id", account_id))
+def check_card_account(self: Bank, account_id: object) -> None:
+    """tau2's existence check on a credit card account: a query on its ``account_id`` field finds it."""
+    ensure(found(lookup(self, "credit_card_accounts", "account_id", account_id)),
+           f"Error: Credit card account '{account_id}' not found.")
 
 
 @discoverable("write")
@@ -60,18 +62,12 @@ def file_credit_card_transaction_dispute_4829(
     Returns:
         Credit card transaction dispute filed successfully. A case has been opened and will be reviewed within 10 business days.
     """
-    if not transaction_id or not user_id:
-        return "Error: Missing required parameters."
-    card_actions = ["keep_active", "cancel_and_reissue"]
-    if card_action not in card_actions:
-        return f"Error: Invalid card_action. Must be one of: {card_actions}"
-    if dispute_reason not in DISPUTE_REASONS:
-        return f"Error: Invalid dispute_reason. Must be one of: {DISPUTE_REASONS}"
-    resolutions = ["full_refund", "partial_refund"]
-    if resolution_requested not in resolutions:
-        return f"Error: Invalid resolution_requested. Must be one of: {resolutions}"
-    if resolution_requested == "partial_refund" and partial_refund_amount is None:
-        return "Error: partial_refund_amount is required when resolution_requested is 'partial_refund'."
+    ensure(transaction_id and user_id, "Error: Missing required parameters.")
+    one_of("card_action", card_action, ["keep_active", "cancel_and_reissue"])
+    one_of("dispute_reason", dispute_reason, DISPUTE_REASONS)
+    one_of("resolution_requested", resolution_requested, ["full_refund", "partial_refund"])
+    ensure(not (resolution_requested == "partial_refund" and partial_refund_amount is None),
+           "Error: partial_refund_amount is required when resolution_requested is 'partial_refund'.")
     dispute = ids.dispute_id(user_id, transaction_id)
     record = {"dispute_id": dispute, "transaction_id": transaction_id, "user_id": user_id, "card_action": card_action,
               "card_last_4_digits": card_last_4_digits, "full_name": full_name, "phone": phone, "email": email,
@@ -81,8 +77,8 @@ def file_credit_card_transaction_dispute_4829(
               "eligible_for_provisional_credit": eligible_for_provisional_credit,
               "provisional_credit_given": eligible_for_provisional_credit, "submitted_at": ids.TODAY,
               "status": "SUBMITTED"}
-    if not self.add("transaction_disputes", dispute, record):
-        return "Error: Dispute may have already been filed for this transaction."
+    ensure(self.add("transaction_disputes", dispute, record),
+           "Error: Dispute may have already been filed for this transaction.")
     parts = ["Credit card transaction dispute filed successfully. A case has been opened and will be reviewed "
              "within 10 business days.", "", "Executed: file_credit_card_transaction_dispute_4829",
              f"Dispute ID: {dispute}", f"Transaction: {transaction_id}", f"Reason: {titled(dispute_reason)}",
@@ -109,19 +105,16 @@ def order_replacement_credit_card_7291(self: Bank, credit_card_account_id: str, 
     Returns:
         Replacement credit card order placed successfully. The old card has been cancelled for security.
     """
-    if not credit_card_account_id or not user_id or not shipping_address or not reason:
-        return ("Error: Missing required parameters (credit_card_account_id, user_id, shipping_address, "
-                "reason).")
-    if reason not in REPLACEMENT_REASONS:
-        return f"Error: Invalid reason. Must be one of: {REPLACEMENT_REASONS}"
-    if card_account_missing(self, credit_card_account_id):
-        return f"Error: Credit card account '{credit_card_account_id}' not found."
+    ensure(credit_card_account_id and user_id and shipping_address and reason,
+           "Error: Missing required parameters (credit_card_account_id, user_id, shipping_address, reason).")
+    one_of("reason", reason, REPLACEMENT_REASONS)
+    check_card_account(self, credit_card_account_id)
     order_id = ids.credit_card_order_id(credit_card_account_id, user_id, reason)
     record = {"order_id": order_id, "credit_card_account_id": credit_card_account_id, "user_id": user_id,
               "shipping_address": shipping_address, "reason": reason, "expedited_shipping": expedited_shipping,
               "order_date": ids.TODAY, "status": "ORDERED", "old_card_cancelled": True}
-    if not self.add("credit_card_orders", order_id, record):
-        return "Error: Order may have already been placed for this card replacement."
+    ensure(self.add("credit_card_orders", order_id, record),
+           "Error: Order may have already been placed for this card replacement.")
     if self.has("credit_card_accounts", credit_card_account_id):
         account = self.edit("credit_card_accounts", credit_card_account_id)
         account["status"] = "CLOSED"
@@ -134,22 +127,11 @@ def order_replacement_credit_card_7291(self: Bank, credit_card_account_id: str, 
         "card number and CVV."])
 
 
-@discoverable("read")
-def get_pending_replacement_orders_5765(self: Bank, credit_card_account_id: str) -> str:
-    """Check if a credit card account has any pending replacement card orders.
-
-    Args:
-        credit_card_account_id (string): The credit card account ID to check for pending replacement orders
-
-    Returns:
-        Pending replacement orders check completed.
-    """
-    if not credit_card_account_id:
-        return "Error: Missing required parameter: credit_card_account_id"
-    return history(self, "get_pending_replacement_orders_5765", "Pending replacement orders check completed.",
-                   f"Replacement orders for credit card account {credit_card_account_id}:", "credit_card_orders",
-                   "credit_card_account_id", credit_card_account_id,
-                   "\nNo pending replacement orders found for this credit card account.")
+history_tool("get_pending_replacement_orders_5765", "credit_card_account_id",
+             "The credit card account ID to check for pending replacement orders", "credit_card_orders",
+             "Check if a credit card account has any pending replacement card orders.",
+             "Pending replacement orders check completed.", "Replacement orders for credit card account {}:",
+             "\nNo pending replacement orders found for this credit card account.", __name__)
 
 
 @discoverable("write")
@@ -165,10 +147,8 @@ def log_credit_card_closure_reason_4521(self: Bank, credit_card_account_id: str,
     Returns:
         Closure reason logged successfully.
     """
-    if not credit_card_account_id or not user_id or not closure_reason:
-        return "Error: Missing required parameters."
-    if closure_reason not in CLOSURE_REASONS:
-        return f"Error: Invalid closure_reason. Must be one of: {CLOSURE_REASONS}"
+    ensure(credit_card_account_id and user_id and closure_reason, "Error: Missing required parameters.")
+    one_of("closure_reason", closure_reason, CLOSURE_REASONS)
     record_id = ids.closure_reason_id(credit_card_account_id, user_id)
     self.add("credit_card_closure_reasons", record_id,
              {"record_id": record_id, "credit_card_account_id": credit_card_account_id, "user_id": user_id,
@@ -179,22 +159,11 @@ def log_credit_card_closure_reason_4521(self: Bank, credit_card_account_id: str,
             f"Closure reason '{closure_reason}' logged for account {credit_card_account_id}.")
 
 
-@discoverable("read")
-def get_closure_reason_history_8293(self: Bank, credit_card_account_id: str) -> str:
-    """Retrieve the closure reason history for a specific credit card account.
-
-    Args:
-        credit_card_account_id (string): The credit card account ID to check for previous closure attempts
-
-    Returns:
-        Closure reason history retrieved successfully.
-    """
-    if not credit_card_account_id:
-        return "Error: Missing required parameter: credit_card_account_id"
-    return history(self, "get_closure_reason_history_8293", "Closure reason history retrieved successfully.",
-                   f"Closure reason history for credit card account {credit_card_account_id}:",
-                   "credit_card_closure_reasons", "credit_card_account_id", credit_card_account_id,
-                   "\nNo closure reason records found for this credit card account.")
+history_tool("get_closure_reason_history_8293", "credit_card_account_id",
+             "The credit card account ID to check for previous closure attempts", "credit_card_closure_reasons",
+             "Retrieve the closure reason history for a specific credit card account.",
+             "Closure reason history retrieved successfully.", "Closure reason history for credit card account {}:",
+             "\nNo closure reason records found for this credit card account.", __name__)
 
 
 @discoverable("write")
@@ -211,21 +180,18 @@ def apply_statement_credit_8472(self: Bank, user_id: str, credit_card_account_id
     Returns:
         Statement credit applied successfully.
     """
-    if not user_id or not credit_card_account_id or amount is None or not reason:
-        return "Error: Missing required parameters (user_id, credit_card_account_id, amount, reason)."
-    if amount <= 0:
-        return "Error: Credit amount must be positive."
-    if reason not in CREDIT_REASONS:
-        return f"Error: Invalid reason. Must be one of: {CREDIT_REASONS}"
-    if card_account_missing(self, credit_card_account_id):
-        return f"Error: Credit card account '{credit_card_account_id}' not found."
+    ensure(user_id and credit_card_account_id and amount is not None and reason,
+           "Error: Missing required parameters (user_id, credit_card_account_id, amount, reason).")
+    ensure(not amount <= 0, "Error: Credit amount must be positive.")
+    one_of("reason", reason, CREDIT_REASONS)
+    check_card_account(self, credit_card_account_id)
     txn = ids.transaction_id(user_id, "STATEMENT_CREDIT", reason, amount, "Statement Credit")
     record = {"transaction_id": txn, "user_id": user_id, "credit_card_account_id": credit_card_account_id,
               "credit_card_type": "N/A", "merchant_name": "Rho-Bank Statement Credit",
               "transaction_amount": f"-${amount:.2f}", "transaction_date": ids.TODAY, "category": "Statement Credit",
               "status": "COMPLETED", "rewards_earned": "0 points", "credit_reason": reason}
-    if not self.add("credit_card_transaction_history", txn, record):
-        return f"Error: Failed to apply statement credit. Transaction ID '{txn}' may already exist."
+    ensure(self.add("credit_card_transaction_history", txn, record),
+           f"Error: Failed to apply statement credit. Transaction ID '{txn}' may already exist.")
     return (f"Statement credit applied successfully.\n\nExecuted: apply_statement_credit_8472\n"
             f"  - Transaction ID: {txn}\n  - User ID: {user_id}\n  - Account: {credit_card_account_id}\n"
             f"  - Credit Amount: ${amount:.2f}\n  - Reason: {titled(reason)}\n  - Date: {ids.TODAY}")
@@ -246,21 +212,17 @@ def apply_credit_card_account_flag_6147(self: Bank, credit_card_account_id: str,
     Returns:
         Account flag applied successfully.
     """
-    if not credit_card_account_id or not user_id or not flag_type or not expiration_date or not reason:
-        return ("Error: Missing required parameters (credit_card_account_id, user_id, flag_type, expiration_date, "
-                "reason).")
-    if flag_type not in FLAG_TYPES:
-        return f"Error: Invalid flag_type. Must be one of: {FLAG_TYPES}"
-    if reason not in FLAG_REASONS:
-        return f"Error: Invalid reason. Must be one of: {FLAG_REASONS}"
-    if card_account_missing(self, credit_card_account_id):
-        return f"Error: Credit card account '{credit_card_account_id}' not found."
+    ensure(credit_card_account_id and user_id and flag_type and expiration_date and reason,
+           "Error: Missing required parameters (credit_card_account_id, user_id, flag_type, expiration_date, reason).")
+    one_of("flag_type", flag_type, FLAG_TYPES)
+    one_of("reason", reason, FLAG_REASONS)
+    check_card_account(self, credit_card_account_id)
     flag_id = ids.account_flag_id(credit_card_account_id, flag_type, expiration_date)
     record = {"flag_id": flag_id, "credit_card_account_id": credit_card_account_id, "user_id": user_id,
               "flag_type": flag_type, "effective_date": ids.TODAY, "expiration_date": expiration_date,
               "reason": reason, "applied_at": ids.TODAY, "status": "ACTIVE"}
-    if not self.add("credit_card_account_flags", flag_id, record):
-        return f"Error: Failed to apply account flag. Flag ID '{flag_id}' may already exist."
+    ensure(self.add("credit_card_account_flags", flag_id, record),
+           f"Error: Failed to apply account flag. Flag ID '{flag_id}' may already exist.")
     return (f"Account flag applied successfully!\n  - Flag ID: {flag_id}\n  - Account: {credit_card_account_id}\n"
             f"  - User ID: {user_id}\n  - Flag Type: {titled(flag_type)}\n  - Effective Date: {ids.TODAY}\n"
             f"  - Expiration Date: {expiration_date}\n  - Reason: {titled(reason)}")
@@ -277,13 +239,11 @@ def close_credit_card_account_7834(self: Bank, credit_card_account_id: str, user
     Returns:
         Credit card account closed successfully.
     """
-    if not credit_card_account_id or not user_id:
-        return "Error: Missing required parameters (credit_card_account_id, user_id)."
-    if card_account_missing(self, credit_card_account_id):
-        return f"Error: Credit card account '{credit_card_account_id}' not found."
-    if not self.update("credit_card_accounts", credit_card_account_id,
-                       {"status": "CLOSED", "closed_date": ids.TODAY, "closed_by": user_id}):
-        return f"Error: Failed to close credit card account '{credit_card_account_id}'."
+    ensure(credit_card_account_id and user_id, "Error: Missing required parameters (credit_card_account_id, user_id).")
+    check_card_account(self, credit_card_account_id)
+    ensure(self.update("credit_card_accounts", credit_card_account_id,
+                       {"status": "CLOSED", "closed_date": ids.TODAY, "closed_by": user_id}),
+           f"Error: Failed to close credit card account '{credit_card_account_id}'.")
     shown = json.dumps({"credit_card_account_id": credit_card_account_id, "user_id": user_id}, indent=2)
     return (f"Credit card account closed successfully.\n\nExecuted: close_credit_card_account_7834\n"
             f"Arguments: {shown}\nAccount {credit_card_account_id} has been closed.")
@@ -303,38 +263,23 @@ def pay_credit_card_from_checking_9182(self: Bank, user_id: str, checking_accoun
     Returns:
         Credit card payment processed successfully.
     """
-    if not user_id or not checking_account_id or not credit_card_account_id or amount is None:
-        return ("Error: Missing required parameters (user_id, checking_account_id, credit_card_account_id, "
-                "amount).")
+    ensure(user_id and checking_account_id and credit_card_account_id and amount is not None,
+           "Error: Missing required parameters (user_id, checking_account_id, credit_card_account_id, amount).")
     try:
         amount = float(amount)
-        if amount <= 0:
-            return "Error: Payment amount must be a positive number."
     except (ValueError, TypeError):
         return "Error: Invalid payment amount. Must be a positive number."
-    checking = self.get("accounts", checking_account_id)
-    if checking is None:
-        return f"Error: Checking account '{checking_account_id}' not found."
-    if checking.get("user_id") != user_id:
-        return f"Error: Checking account '{checking_account_id}' does not belong to user '{user_id}'."
-    if checking.get("class") != "checking":
-        return f"Error: Account '{checking_account_id}' is not a checking account."
+    ensure(not amount <= 0, "Error: Payment amount must be a positive number.")
+    checking = record(self, "accounts", checking_account_id, f"Error: Checking account '{checking_account_id}' not found.")
+    ensure(checking.get("user_id") == user_id,
+           f"Error: Checking account '{checking_account_id}' does not belong to user '{user_id}'.")
+    ensure(checking.get("class") == "checking", f"Error: Account '{checking_account_id}' is not a checking account.")
     available = account_balance(checking)
-    if amount > available:
-        return (f"Error: Insufficient funds in checking account. Available balance: ${available:.2f}, requested "
-                f"payment: ${amount:.2f}.")
-    card = self.get("credit_card_accounts", credit_card_account_id)
-    if card is None:
-        return f"Error: Credit card account '{credit_card_account_id}' not found."
-    if card.get("user_id") != user_id:
-        return f"Error: Credit card account '{credit_card_account_id}' does not belong to user '{user_id}'."
-    try:
-        owed = float(str(card.get("current_balance", "$0.00")).replace("$", "").replace(",", ""))
-    except (ValueError, TypeError):
-        owed = 0.0
-    if amount > owed:
-        return (f"Error: Payment amount (${amount:.2f}) exceeds credit card balance (${owed:.2f}). Please specify an "
-                f"amount up to the outstanding balance.")
+    ensure(not amount > available, f"Error: Insufficient funds in checking account. Available balance: "
+                                   f"${available:.2f}, requested payment: ${amount:.2f}.")
+    owed = dollars(owned_card(self, credit_card_account_id, user_id).get("current_balance", "$0.00"))
+    ensure(not amount > owed, f"Error: Payment amount (${amount:.2f}) exceeds credit card balance (${owed:.2f}). "
+                              f"Please specify an amount up to the outstanding balance.")
     new_checking, new_card = available - amount, owed - amount
     self.edit("accounts", checking_account_id)["current_holdings"] = f"{new_checking:.2f}"
     self.edit("credit_card_accounts", credit_card_account_id)["current_balance"] = f"${new_card:.2f}"

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 from ctu.domains.banking_knowledge import ids
-from ctu.domains.banking_knowledge.misc_tools import history
-from ctu.domains.banking_knowledge.store import Bank
+from ctu.domains.banking_knowledge.checks import ensure, owned_card
+from ctu.domains.banking_knowledge.misc_tools import history_tool
+from ctu.domains.banking_knowledge.store import Bank, dollars
 from ctu.domains.banking_knowledge.toolkit import discoverable
 
 DENIAL_REASONS = ["insufficient_account_age", "cooldown_period_active", "pending_disputes", "pending_replacement_card",
                   "past_due_balance", "high_utilization", "insufficient_payment_history",
                   "requested_amount_exceeds_limit", "other"]
-
-
-def owned_card(self: Bank, account_id: object, user_id: object) -> tuple[dict | None, str | None]:
-    """(the credit card account, None) if it exists and is the user's, else (None, tau2's error)."""
-    card = self.get("credit_card_accounts", account_id)
-    if card is None:
-        return None, f"Error: Credit card account '{account_id}' not found."
-    if card.get("user_id") != user_id:
-        return None, f"Error: Credit card account '{account_id}' does not belong to user '{user_id}'."
-    return card, None
 
 
 @discoverable("write")
@@ -35,46 +26,31 @@ def submit_credit_limit_increase_request_7392(self: Bank, credit_card_account_id
     Returns:
         Credit limit increase request submitted successfully.
     """
-    if not credit_card_account_id or not user_id or requested_increase_amount is None:
-        return "Error: Missing required parameters."
+    ensure(credit_card_account_id and user_id and requested_increase_amount is not None,
+           "Error: Missing required parameters.")
     try:
         amount = float(requested_increase_amount)
     except (TypeError, ValueError):
         return "Error: Invalid requested_increase_amount. Must be a whole number."
-    if not amount.is_integer():
-        return "Error: Invalid requested_increase_amount. Must be a whole number of dollars."
+    ensure(amount.is_integer(), "Error: Invalid requested_increase_amount. Must be a whole number of dollars.")
     amount = int(amount)
-    if amount <= 0:
-        return "Error: Requested increase amount must be positive."
-    _, problem = owned_card(self, credit_card_account_id, user_id)
-    if problem:
-        return problem
+    ensure(amount > 0, "Error: Requested increase amount must be positive.")
+    owned_card(self, credit_card_account_id, user_id)
     request_id = ids.credit_limit_request_id(credit_card_account_id, user_id, amount)
     record = {"request_id": request_id, "credit_card_account_id": credit_card_account_id, "user_id": user_id,
               "requested_increase_amount": amount, "submitted_at": ids.TODAY, "status": "PENDING"}
-    if not self.add("credit_limit_increase_requests", request_id, record):
-        return "Error: A similar request may already exist."
+    ensure(self.add("credit_limit_increase_requests", request_id, record), "Error: A similar request may already exist.")
     return (f"Credit limit increase request submitted successfully.\n\n"
             f"Executed: submit_credit_limit_increase_request_7392\n  - Request ID: {request_id}\n"
             f"  - Account: {credit_card_account_id}\n  - Requested Increase: ${amount:,}\n  - Status: PENDING")
 
 
-@discoverable("read")
-def get_credit_limit_increase_history_4829(self: Bank, credit_card_account_id: str) -> str:
-    """Retrieve the credit limit increase request history for a specific credit card account. Returns all previous CLI requests including dates, amounts, and statuses.
-
-    Args:
-        credit_card_account_id (string): The credit card account ID to check for CLI history
-
-    Returns:
-        Credit limit increase history retrieved.
-    """
-    if not credit_card_account_id:
-        return "Error: Missing required parameter: credit_card_account_id"
-    return history(self, "get_credit_limit_increase_history_4829", "Credit limit increase history retrieved.",
-                   f"Credit limit increase history for account {credit_card_account_id}:",
-                   "credit_limit_increase_requests", "credit_card_account_id", credit_card_account_id,
-                   "\nNo credit limit increase requests found for this account.")
+history_tool("get_credit_limit_increase_history_4829", "credit_card_account_id",
+             "The credit card account ID to check for CLI history", "credit_limit_increase_requests",
+             "Retrieve the credit limit increase request history for a specific credit card account. Returns all "
+             "previous CLI requests including dates, amounts, and statuses.", "Credit limit increase history retrieved.",
+             "Credit limit increase history for account {}:",
+             "\nNo credit limit increase requests found for this account.", __name__)
 
 
 @discoverable("read")
@@ -139,17 +115,11 @@ def approve_credit_limit_increase_5847(self: Bank, credit_card_account_id: str, 
     Returns:
         Credit limit increase approved and applied successfully.
     """
-    if not credit_card_account_id or not user_id or new_credit_limit is None:
-        return "Error: Missing required parameters."
-    card, problem = owned_card(self, credit_card_account_id, user_id)
-    if problem:
-        return problem
-    if _blocked(self, card, credit_card_account_id, user_id):
-        return "Error: Credit limit increase request cannot be approved at this time."
-    try:
-        current = float(str(card.get("credit_limit", "$0.00")).replace("$", "").replace(",", ""))
-    except (ValueError, TypeError):
-        current = 0.0
+    ensure(credit_card_account_id and user_id and new_credit_limit is not None, "Error: Missing required parameters.")
+    card = owned_card(self, credit_card_account_id, user_id)
+    ensure(not _blocked(self, card, credit_card_account_id, user_id),
+           "Error: Credit limit increase request cannot be approved at this time.")
+    current = dollars(card.get("credit_limit", "$0.00"))
     new_limit = float(new_credit_limit)
     self.edit("credit_card_accounts", credit_card_account_id)["credit_limit"] = f"${new_limit:.2f}"
     request_id = ids.credit_limit_request_id(credit_card_account_id, user_id, new_limit - current)
@@ -175,12 +145,11 @@ def deny_credit_limit_increase_5848(self: Bank, credit_card_account_id: str, use
     Returns:
         Credit limit increase request denied.
     """
-    if not credit_card_account_id or not user_id or not denial_reason:
-        return "Error: Missing required parameters."
-    if denial_reason not in DENIAL_REASONS:
-        return f"Error: Invalid denial_reason. Must be one of: {', '.join(DENIAL_REASONS)}"
-    if not self.has("credit_card_accounts", credit_card_account_id):
-        return f"Error: Credit card account '{credit_card_account_id}' not found."
+    ensure(credit_card_account_id and user_id and denial_reason, "Error: Missing required parameters.")
+    ensure(denial_reason in DENIAL_REASONS,
+           f"Error: Invalid denial_reason. Must be one of: {', '.join(DENIAL_REASONS)}")
+    ensure(self.has("credit_card_accounts", credit_card_account_id),
+           f"Error: Credit card account '{credit_card_account_id}' not found.")
     request_id = ids.credit_limit_request_id(credit_card_account_id, user_id, 0.0)
     self.add("credit_limit_increase_requests", request_id,
              {"request_id": request_id, "credit_card_account_id": credit_card_account_id, "user_id": user_id,

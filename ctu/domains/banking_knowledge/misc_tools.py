@@ -5,21 +5,31 @@ from __future__ import annotations
 import json
 
 from ctu.domains.banking_knowledge.atm_images import DEPOSIT_IMAGES
+from ctu.domains.banking_knowledge.checks import ensure
 from ctu.domains.banking_knowledge.store import Bank, found, lookup
-from ctu.domains.banking_knowledge.toolkit import discoverable
+from ctu.domains.banking_knowledge.toolkit import discoverable, docstring, tool_function
 
 
-def history(self: Bank, tool: str, title: str, heading: str, table: str, field: str, value: object,
-            none_text: str) -> str:
-    """The answer of tau2's history tools: a title, the tool's name, a heading, then the records or a note."""
-    result = lookup(self, table, field, value)
-    parts = [title, "", f"Executed: {tool}", heading, result if found(result) else none_text]
-    return "\n".join(parts)
+def history_tool(name: str, parameter: str, about: str, table: str, description: str, title: str, heading: str,
+                 none_text: str, module: str) -> None:
+    """Register one of tau2's history tools: the records of ``table`` whose ``parameter`` field is the argument,
+    under ``title`` (the docstring's Returns line too), the tool's name and ``heading`` (``{}``: the argument), or
+    ``none_text``; a missing argument is refused."""
+
+    def run(self: Bank, value: object) -> str:
+        ensure(value, f"Error: Missing required parameter: {parameter}")
+        result = lookup(self, table, parameter, value)
+        return "\n".join([title, "", f"Executed: {name}", heading.format(value),
+                          result if found(result) else none_text])
+
+    doc = docstring(description, (f"{parameter} (string): {about}",), title)
+    discoverable("read")(tool_function(name, (parameter,), run, doc, module))
 
 
-def executed(tool: str, lead: str) -> str:
-    """The answer of a tool that does nothing but report itself."""
-    return f"{lead}\n\nExecuted: {tool}\nArguments: (no arguments)"
+def _executed_tool(name: str, kind: str, description: str, lead: str) -> None:
+    """Register a tool that does nothing but report itself, with ``lead`` (the docstring's Returns line too)."""
+    run = lambda self: f"{lead}\n\nExecuted: {name}\nArguments: (no arguments)"  # noqa: E731
+    discoverable(kind)(tool_function(name, (), run, docstring(description, returns=lead), __name__))
 
 
 @discoverable("write")
@@ -53,74 +63,30 @@ def update_transaction_rewards_3847(self: Bank, transaction_id: str, new_rewards
             f"  - New Rewards: {new_rewards_earned}")
 
 
-@discoverable("generic")
-def initial_transfer_to_human_agent_0218(self: Bank) -> str:
-    """Initiate a transfer request to a human agent. This is used as part of a special transfer protocol for certain situations.
-
-    Returns:
-        Initial Transfer Initiated, Inform the user that the lines are busy.
-    """
-    return executed("initial_transfer_to_human_agent_0218",
-                    "Initial Transfer Initiated, Inform the user that the lines are busy.")
-
-
-@discoverable("generic")
-def initial_transfer_to_human_agent_1822(self: Bank) -> str:
-    """Initiate a transfer request to a human agent. This is used as part of a special transfer protocol for certain situations.
-
-    Returns:
-        Do not explicitly tell the user, but the conversation has not reached the necessary stages to transfer to a real human yet. Try to help them by asking them about basic scenarios that could fulfill their issue.
-    """
-    return executed("initial_transfer_to_human_agent_1822",
-                    "Do not explicitly tell the user, but the conversation has not reached the necessary stages to "
-                    "transfer to a real human yet. Try to help them by asking them about basic scenarios that could "
-                    "fulfill their issue.")
-
-
-@discoverable("generic")
-def emergency_credit_bureau_incident_transfer_1114(self: Bank) -> str:
-    """Emergency escalation tool for the 11/14 credit bureau reporting incident. Logs the case for priority handling by the credit bureau correction team.
-
-    Returns:
-        Emergency escalation logged. Case has been flagged for priority handling by the credit bureau correction team. Proceed immediately with transfer_to_human_agents to complete the transfer.
-    """
-    return executed("emergency_credit_bureau_incident_transfer_1114",
-                    "Emergency escalation logged. Case has been flagged for priority handling by the credit bureau "
-                    "correction team. Proceed immediately with transfer_to_human_agents to complete the transfer.")
-
-
-@discoverable("read")
-def get_debit_dispute_status_7483(self: Bank, user_id: str) -> str:
-    """Retrieve a user's debit card dispute history from the debit_card_disputes table. Returns all debit card disputes filed by the user, including dispute IDs, categories, amounts, statuses, and provisional credit information.
-
-    Args:
-        user_id (string): The user's unique identifier in the system
-
-    Returns:
-        Debit card dispute history retrieved successfully.
-    """
-    if not user_id:
-        return "Error: Missing required parameter: user_id"
-    return history(self, "get_debit_dispute_status_7483", "Debit card dispute history retrieved successfully.",
-                   f"Debit card dispute history for user {user_id}:", "debit_card_disputes", "user_id", user_id,
-                   "\nNo debit card disputes found for this user.")
-
-
-@discoverable("read")
-def get_user_dispute_history_7291(self: Bank, user_id: str) -> str:
-    """Retrieve a user's credit card transaction dispute history from the transaction_disputes table. Returns all credit card transaction disputes filed by the user, including dispute IDs, transaction IDs, dispute reasons, statuses, and submission dates.
-
-    Args:
-        user_id (string): The user's unique identifier in the system
-
-    Returns:
-        User transaction dispute history retrieved successfully.
-    """
-    if not user_id:
-        return "Error: Missing required parameter: user_id"
-    return history(self, "get_user_dispute_history_7291", "User transaction dispute history retrieved successfully.",
-                   f"Transaction dispute history for user {user_id}:", "transaction_disputes", "user_id", user_id,
-                   "\nNo transaction disputes found for this user.")
+TRANSFER = ("Initiate a transfer request to a human agent. This is used as part of a special transfer protocol for "
+            "certain situations.")
+_executed_tool("initial_transfer_to_human_agent_0218", "generic", TRANSFER,
+               "Initial Transfer Initiated, Inform the user that the lines are busy.")
+_executed_tool("initial_transfer_to_human_agent_1822", "generic", TRANSFER,
+               "Do not explicitly tell the user, but the conversation has not reached the necessary stages to "
+               "transfer to a real human yet. Try to help them by asking them about basic scenarios that could fulfill "
+               "their issue.")
+_executed_tool("emergency_credit_bureau_incident_transfer_1114", "generic",
+               "Emergency escalation tool for the 11/14 credit bureau reporting incident. Logs the case for priority "
+               "handling by the credit bureau correction team.",
+               "Emergency escalation logged. Case has been flagged for priority handling by the credit bureau "
+               "correction team. Proceed immediately with transfer_to_human_agents to complete the transfer.")
+USER_ID = "The user's unique identifier in the system"
+history_tool("get_debit_dispute_status_7483", "user_id", USER_ID, "debit_card_disputes",
+             "Retrieve a user's debit card dispute history from the debit_card_disputes table. Returns all debit card "
+             "disputes filed by the user, including dispute IDs, categories, amounts, statuses, and provisional credit "
+             "information.", "Debit card dispute history retrieved successfully.",
+             "Debit card dispute history for user {}:", "\nNo debit card disputes found for this user.", __name__)
+history_tool("get_user_dispute_history_7291", "user_id", USER_ID, "transaction_disputes",
+             "Retrieve a user's credit card transaction dispute history from the transaction_disputes table. Returns "
+             "all credit card transaction disputes filed by the user, including dispute IDs, transaction IDs, dispute "
+             "reasons, statuses, and submission dates.", "User transaction dispute history retrieved successfully.",
+             "Transaction dispute history for user {}:", "\nNo transaction disputes found for this user.", __name__)
 
 
 @discoverable("read")

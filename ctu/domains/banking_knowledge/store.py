@@ -190,6 +190,14 @@ def parse_balance(value: Any) -> float:
     return 0.0
 
 
+def dollars(value: Any) -> float:
+    """An amount of money given as a number or as text like ``"$2,850.00"``; 0 when it does not parse."""
+    try:
+        return float(str(value).replace("$", "").replace(",", ""))
+    except (ValueError, TypeError):
+        return 0.0
+
+
 def account_balance(account: dict) -> float:
     """A bank account's balance: ``current_holdings``, else ``balance``, else 0."""
     return parse_balance(account.get("current_holdings", account.get("balance", 0)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import textwrap
 import types
 import typing
 from collections.abc import Callable
@@ -83,6 +84,45 @@ USER: dict[str, Method] = {}  # the user's: 6 tools and 4 discoverable ones
 def discoverable(kind: str, **options: Any) -> Callable[[Callable], Callable]:
     """Decorator for one of the agent's discoverable tools (tau2's ``@is_discoverable_tool`` on KnowledgeTools)."""
     return register(AGENT, "KnowledgeTools", kind, discoverable=True, **options)
+
+
+# -- families of tools written as data -----------------------------------------------------------
+def docstring(description: str, args: tuple[str, ...] = (), returns: str | None = None) -> str:
+    """A tool's docstring laid out as in tau2's source (4-space indents), from its description, its ``Args:``
+    lines (``"user_id: The ID of the user"``, or ``"user_id (string): ..."`` for a discoverable tool) and the
+    ``Returns:`` line."""
+    doc = textwrap.indent(description, "    ")[4:] + "\n"
+    if args:
+        doc += "\n    Args:\n" + "".join(f"        {line}\n" for line in args)
+    if returns is not None:
+        doc += f"\n    Returns:\n        {returns}\n"
+    return doc + "    "
+
+
+def _no_parameter(run: Callable[[Bank], str]) -> Callable:
+    def tool(self):
+        return run(self)
+
+    return tool
+
+
+def _one_parameter(run: Callable[[Bank, Any], str]) -> Callable:
+    def tool(self, value):
+        return run(self, value)
+
+    return tool
+
+
+def tool_function(name: str, parameters: tuple[str, ...], run: Callable[..., str], doc: str, module: str) -> Callable:
+    """The function ``name(self, *parameters) -> run(self, *values)`` (zero or one string parameter): a real one,
+    with its own name, parameter names and docstring, so its schema, and Python's wording of a call with missing or
+    unexpected arguments, are those of the same tool written out with ``def``."""
+    template = (_no_parameter, _one_parameter)[len(parameters)](run)
+    code = template.__code__.replace(co_name=name, co_qualname=name, co_varnames=("self", *parameters))
+    fn = types.FunctionType(code, template.__globals__, name, None, template.__closure__)
+    fn.__qualname__, fn.__module__, fn.__doc__ = name, module, doc
+    fn.__annotations__ = {"self": "Bank", **dict.fromkeys(parameters, "str"), "return": "str"}
+    return fn
 
 
 def environment_clash(arguments: dict[str, Any]) -> str | None:
