@@ -16,6 +16,7 @@ import json
 from typing import Literal
 
 from ctu.domains.banking_knowledge import ids
+from ctu.domains.banking_knowledge.checks import ensure
 from ctu.domains.banking_knowledge.store import Bank, lookup, query_database_tool
 from ctu.domains.banking_knowledge.toolkit import (
     AGENT,
@@ -52,8 +53,8 @@ def transfer_to_human_agents(self: Bank, summary: str, reason: TransferReason = 
         summary: A summary of the user's issue and what was attempted before transfer.
         reason: The specific reason code for the transfer.
     """
-    if reason not in TRANSFER_REASONS:
-        return f"Error: Invalid transfer reason '{reason}'. Must be one of: {', '.join(TRANSFER_REASONS)}"
+    ensure(reason in TRANSFER_REASONS,
+           f"Error: Invalid transfer reason '{reason}'. Must be one of: {', '.join(TRANSFER_REASONS)}")
     return f"Transfer successful (reason: {reason}). A human agent will assist you shortly."
 
 
@@ -97,8 +98,7 @@ def change_user_email(self: Bank, user_id: str, new_email: str) -> str:
         user_id: The ID of the user whose email should be changed
         new_email: The new email address to set for the user
     """
-    if not self.update("users", user_id, {"email": new_email}):
-        return f"Error: User with ID '{user_id}' not found."
+    ensure(self.update("users", user_id, {"email": new_email}), f"Error: User with ID '{user_id}' not found.")
     return f"Email updated successfully.\n  - User ID: {user_id}\n  - New Email: {new_email}"
 
 
@@ -133,8 +133,7 @@ def log_verification(self: Bank, name: str, user_id: str, address: str, email: s
     record_id = ids.verification_id(user_id, time_verified)
     record = {"name": name, "user_id": user_id, "address": address, "email": email, "phone_number": phone_number,
               "date_of_birth": date_of_birth, "time_verified": time_verified}
-    if not self.add("verification_history", record_id, record):
-        return "Failed to log verification: Record may already exist."
+    ensure(self.add("verification_history", record_id, record), "Failed to log verification: Record may already exist.")
     return f"Verification logged successfully.\n  - User: {name} (ID: {user_id})\n  - Verified at: {time_verified}"
 
 

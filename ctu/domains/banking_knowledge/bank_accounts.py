@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime as dt
 
 from ctu.domains.banking_knowledge import ids
+from ctu.domains.banking_knowledge.checks import bank_account, ensure, one_of, record
 from ctu.domains.banking_knowledge.store import Bank, account_balance, format_records, found, lookup, query_db
 from ctu.domains.banking_knowledge.toolkit import discoverable
 
 ACCOUNT_TYPES = ["checking", "savings", "business_checking", "business_savings"]
-NOT_ELIGIBLE = "Error: Account eligibility requirements not met."
 # early closure: account level -> (fee in dollars, window in days since opening)
 CHECKING_EARLY_CLOSURE = {"Light Blue Account": (15, 30), "Light Green Account": (15, 30),
                           "Green Fee-Free Account": (15, 30), "Blue Account": (25, 60), "Green Account": (25, 60),
@@ -64,18 +64,15 @@ def open_bank_account_4821(self: Bank, user_id: str, account_type: str, account_
     Returns:
         Bank account opened successfully.
     """
-    if not user_id or not account_type or not account_class:
-        return "Error: Missing required parameters."
-    if account_type not in ACCOUNT_TYPES:
-        return f"Error: Invalid account_type. Must be one of: {ACCOUNT_TYPES}"
-    owned = [a for a in self.values("accounts") if a.get("user_id") == user_id]
-    if not _eligible(owned, account_type):
-        return NOT_ELIGIBLE
+    ensure(user_id and account_type and account_class, "Error: Missing required parameters.")
+    one_of("account_type", account_type, ACCOUNT_TYPES)
+    ensure(_eligible([a for a in self.values("accounts") if a.get("user_id") == user_id], account_type),
+           "Error: Account eligibility requirements not met.")
     account_id = ids.hex_id(f"account:{user_id}:{account_type}:{account_class}")
     record = {"account_id": account_id, "user_id": user_id, "account_type": account_type,
               "account_class": account_class, "current_holdings": "0.00", "status": "OPEN", "date_opened": ids.TODAY}
-    if not self.add("accounts", account_id, record):
-        return f"Failed to open account: Account ID '{account_id}' may already exist."
+    ensure(self.add("accounts", account_id, record),
+           f"Failed to open account: Account ID '{account_id}' may already exist.")
     return (f"Bank account opened successfully!\n  - Account ID: {account_id}\n  - User ID: {user_id}\n"
             f"  - Account Type: {account_type}\n  - Account Class: {account_class}\n  - Status: OPEN\n"
             f"  - Initial Balance: $0.00\n  - Date Opened: {ids.TODAY}")
@@ -114,19 +111,14 @@ def close_bank_account_7392(self: Bank, account_id: str, reason: str = "Customer
     Returns:
         Bank account closed successfully.
     """
-    if not account_id:
-        return "Error: Missing required parameter (account_id)."
-    account = self.get("accounts", account_id)
-    if account is None:
-        return f"Error: Account '{account_id}' not found."
-    if account.get("status") == "CLOSED":
-        return f"Error: Account '{account_id}' is already closed."
+    ensure(account_id, "Error: Missing required parameter (account_id).")
+    account = bank_account(self, account_id)
+    ensure(account.get("status") != "CLOSED", f"Error: Account '{account_id}' is already closed.")
     balance = account_balance(account)
     fee = 0.0 if waive_early_closure_fee else _early_closure_fee(account, balance)
-    if fee is None:
-        return "Error: Account unable to be closed."
-    if balance - fee != 0:
-        return f"Error: Account balance must be $0.00 before closing. Current balance: ${balance:.2f}"
+    ensure(fee is not None, "Error: Account unable to be closed.")
+    ensure(balance - fee == 0,
+           f"Error: Account balance must be $0.00 before closing. Current balance: ${balance:.2f}")
     account = self.edit("accounts", account_id)
     account.update(status="CLOSED", date_closed=ids.TODAY, closure_reason=reason,
                    early_closure_fee_waived=waive_early_closure_fee)
@@ -147,8 +139,7 @@ def get_all_user_accounts_by_user_id_3847(self: Bank, user_id: str) -> str:
     Returns:
         User accounts retrieved successfully.
     """
-    if not user_id:
-        return "Error: Missing required parameter: user_id"
+    ensure(user_id, "Error: Missing required parameter: user_id")
     bank = lookup(self, "accounts", "user_id", user_id)
     cards = lookup(self, "credit_card_accounts", "user_id", user_id)
     return "\n".join(["User accounts retrieved successfully.", "", "Executed: get_all_user_accounts_by_user_id_3847",
@@ -170,29 +161,22 @@ def transfer_funds_between_bank_accounts_7291(self: Bank, source_account_id: str
     Returns:
         Funds transferred successfully.
     """
-    if not source_account_id or not destination_account_id or amount is None:
-        return "Error: Missing required parameters (source_account_id, destination_account_id, amount)."
+    ensure(source_account_id and destination_account_id and amount is not None,
+           "Error: Missing required parameters (source_account_id, destination_account_id, amount).")
     try:
         amount = float(amount)
     except (ValueError, TypeError):
         return f"Error: Invalid amount '{amount}'. Must be a number."
-    if amount <= 0:
-        return "Error: Transfer amount must be positive."
-    if source_account_id == destination_account_id:
-        return "Error: Source and destination accounts cannot be the same."
-    if not self.has("accounts", source_account_id):
-        return f"Error: Source account '{source_account_id}' not found."
-    if not self.has("accounts", destination_account_id):
-        return f"Error: Destination account '{destination_account_id}' not found."
-    source, dest = self.get("accounts", source_account_id), self.get("accounts", destination_account_id)
-    if source.get("status") not in OPEN:
-        return f"Error: Source account '{source_account_id}' is not active."
-    if dest.get("status") not in OPEN:
-        return f"Error: Destination account '{destination_account_id}' is not active."
+    ensure(not amount <= 0, "Error: Transfer amount must be positive.")
+    ensure(source_account_id != destination_account_id, "Error: Source and destination accounts cannot be the same.")
+    source = record(self, "accounts", source_account_id, f"Error: Source account '{source_account_id}' not found.")
+    dest = record(self, "accounts", destination_account_id,
+                  f"Error: Destination account '{destination_account_id}' not found.")
+    ensure(source.get("status") in OPEN, f"Error: Source account '{source_account_id}' is not active.")
+    ensure(dest.get("status") in OPEN, f"Error: Destination account '{destination_account_id}' is not active.")
     source_balance = account_balance(source)
-    if source_balance < amount:
-        return (f"Error: Insufficient funds. Source account balance is ${source_balance:.2f}, "
-                f"but transfer amount is ${amount:.2f}.")
+    ensure(not source_balance < amount, f"Error: Insufficient funds. Source account balance is ${source_balance:.2f}, "
+                                        f"but transfer amount is ${amount:.2f}.")
     new_source, new_dest = source_balance - amount, account_balance(dest) + amount
     self.edit("accounts", source_account_id)["current_holdings"] = f"${new_source:.2f}"
     self.edit("accounts", destination_account_id)["current_holdings"] = f"${new_dest:.2f}"
@@ -204,23 +188,16 @@ def transfer_funds_between_bank_accounts_7291(self: Bank, source_account_id: str
 def _credit(self: Bank, account_id: object, amount: object, credit_type: object, kinds: tuple[str, ...],
             types: dict[str, str], not_kind: str, seed: str, dollar: str) -> str:
     """The shared body of the checking and savings credits (tau2 writes the two balances differently: ``dollar``)."""
-    if not account_id or amount is None or not credit_type:
-        return "Error: Missing required parameters."
+    ensure(account_id and amount is not None and credit_type, "Error: Missing required parameters.")
     try:
         amount = float(amount)
     except (TypeError, ValueError):
         return "Error: Invalid credit amount. Must be a number."
-    if amount <= 0:
-        return "Error: Credit amount must be positive."
-    if credit_type not in list(types):
-        return f"Error: Invalid credit_type. Must be one of: {list(types)}"
-    account = self.get("accounts", account_id)
-    if account is None:
-        return f"Error: Account '{account_id}' not found."
-    if account.get("class", "").lower() not in kinds:
-        return f"Error: Account '{account_id}' is not {not_kind}"
-    if account.get("status") not in OPEN:
-        return f"Error: Account '{account_id}' is not active."
+    ensure(not amount <= 0, "Error: Credit amount must be positive.")
+    one_of("credit_type", credit_type, list(types))
+    account = bank_account(self, account_id)
+    ensure(account.get("class", "").lower() in kinds, f"Error: Account '{account_id}' is not {not_kind}")
+    ensure(account.get("status") in OPEN, f"Error: Account '{account_id}' is not active.")
     current = account_balance(account)
     new = current + amount
     self.edit("accounts", account_id)["current_holdings"] = f"{dollar}{new:.2f}"
@@ -283,18 +260,14 @@ def submit_interest_discrepancy_report_7294(self: Bank, account_id: str, user_id
     Returns:
         Interest discrepancy report submitted successfully. Backend team will investigate.
     """
-    if not account_id or not user_id or expected_apy is None or actual_apy is None or amount_difference is None:
-        return "Error: Missing required parameters."
+    ensure(account_id and user_id and all(v is not None for v in (expected_apy, actual_apy, amount_difference)),
+           "Error: Missing required parameters.")
     try:
         expected_apy, actual_apy, amount_difference = float(expected_apy), float(actual_apy), float(amount_difference)
     except (ValueError, TypeError):
         return "Error: expected_apy, actual_apy, and amount_difference must be numbers."
-    account = self.get("accounts", account_id)
-    if account is None:
-        return f"Error: Account '{account_id}' not found."
-    user = self.get("users", user_id)
-    if user is None:
-        return f"Error: User '{user_id}' not found."
+    account = bank_account(self, account_id)
+    user = record(self, "users", user_id, f"Error: User '{user_id}' not found.")
     report_id = f"IDR_{ids.hex_id(f'interest_report:{account_id}:{user_id}:{expected_apy}:{actual_apy}:{ids.TODAY}')}"
     # tau2 files the report in a table its DB does not have: nothing is stored
     self.add("interest_discrepancy_reports", report_id, {"report_id": report_id})
@@ -330,10 +303,8 @@ def get_bank_account_transactions_9173(self: Bank, account_id: str) -> str:
     Returns:
         Bank account transactions retrieved successfully.
     """
-    if not account_id:
-        return "Error: Missing required parameter: account_id"
-    if not self.has("accounts", account_id):
-        return f"Error: Account '{account_id}' not found."
+    ensure(account_id, "Error: Missing required parameter: account_id")
+    bank_account(self, account_id)
     # newest first; a stable sort keeps same-date records in stored order
     txns = sorted(query_db("bank_account_transaction_history", db=self, return_ids=True, account_id=account_id),
                   key=_posted_at, reverse=True)

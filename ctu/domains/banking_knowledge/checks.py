@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctu.domains.banking_knowledge.store import Bank
+from ctu.domains.banking_knowledge.store import Bank, found, lookup
 
 
 class Refusal(Exception):
@@ -49,6 +49,12 @@ def debit_card(self: Bank, card_id: Any) -> dict:
 
 def bank_account(self: Bank, account_id: Any) -> dict:
     return record(self, "accounts", account_id, f"Error: Account '{account_id}' not found.")
+
+
+def check_card_account(self: Bank, account_id: Any) -> None:
+    """tau2's existence check on a credit card account: a query on its ``account_id`` field finds it."""
+    ensure(found(lookup(self, "credit_card_accounts", "account_id", account_id)),
+           f"Error: Credit card account '{account_id}' not found.")
 
 
 def owned_card(self: Bank, account_id: Any, user_id: Any) -> dict:

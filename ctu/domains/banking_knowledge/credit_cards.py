@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from ctu.domains.banking_knowledge import ids
-from ctu.domains.banking_knowledge.checks import ensure, one_of, owned_card, record
+from ctu.domains.banking_knowledge.checks import check_card_account, ensure, one_of, owned_card, record
 from ctu.domains.banking_knowledge.misc_tools import history_tool
-from ctu.domains.banking_knowledge.store import Bank, account_balance, dollars, found, lookup
+from ctu.domains.banking_knowledge.store import Bank, account_balance, dollars
 from ctu.domains.banking_knowledge.toolkit import discoverable
 
 DISPUTE_REASONS = ["unauthorized_fraudulent_charge", "duplicate_charge", "incorrect_amount",
@@ -26,12 +26,6 @@ FLAG_REASONS = ["retention_offer", "loyalty_benefit", "promotional", "error_corr
 def titled(code: str) -> str:
     """``"late_fee_reversal"`` -> ``"Late Fee Reversal"``."""
     return code.replace("_", " ").title()
-
-
-def check_card_account(self: Bank, account_id: object) -> None:
-    """tau2's existence check on a credit card account: a query on its ``account_id`` field finds it."""
-    ensure(found(lookup(self, "credit_card_accounts", "account_id", account_id)),
-           f"Error: Credit card account '{account_id}' not found.")
 
 
 @discoverable("write")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ctu.domains.banking_knowledge.atm_images import DEPOSIT_IMAGES
-from ctu.domains.banking_knowledge.checks import ensure
+from ctu.domains.banking_knowledge.checks import ensure, record
 from ctu.domains.banking_knowledge.store import Bank, found, lookup
 from ctu.domains.banking_knowledge.toolkit import discoverable, docstring, tool_function
 
@@ -53,10 +53,9 @@ def update_transaction_rewards_3847(self: Bank, transaction_id: str, new_rewards
     Returns:
         Transaction rewards updated successfully.
     """
-    if not transaction_id or not new_rewards_earned:
-        return "Error: Missing required parameters."
-    if not self.update("credit_card_transaction_history", transaction_id, {"rewards_earned": new_rewards_earned}):
-        return f"Error: Transaction '{transaction_id}' not found."
+    ensure(transaction_id and new_rewards_earned, "Error: Missing required parameters.")
+    ensure(self.update("credit_card_transaction_history", transaction_id, {"rewards_earned": new_rewards_earned}),
+           f"Error: Transaction '{transaction_id}' not found.")
     shown = json.dumps({"transaction_id": transaction_id, "new_rewards_earned": new_rewards_earned}, indent=2)
     return (f"Transaction rewards updated successfully.\n\nExecuted: update_transaction_rewards_3847\n"
             f"Arguments: {shown}\nTransaction updated:\n  - Transaction ID: {transaction_id}\n"
@@ -99,19 +98,16 @@ def get_atm_deposit_images_8473(self: Bank, transaction_id: str) -> str:
     Returns:
         ATM deposit images retrieved successfully.
     """
-    if not transaction_id:
-        return "Error: Missing required parameter: transaction_id"
-    txn = self.get("bank_account_transaction_history", transaction_id)
-    if txn is None:
-        return f"Error: Transaction '{transaction_id}' not found."
-    if txn.get("type") != "atm_deposit":
-        return (f"Error: Transaction '{transaction_id}' is not an ATM deposit. This tool only works for ATM deposit "
-                f"transactions.")
+    ensure(transaction_id, "Error: Missing required parameter: transaction_id")
+    txn = record(self, "bank_account_transaction_history", transaction_id,
+                 f"Error: Transaction '{transaction_id}' not found.")
+    ensure(txn.get("type") == "atm_deposit", f"Error: Transaction '{transaction_id}' is not an ATM deposit. This tool "
+                                             f"only works for ATM deposit transactions.")
     description = txn.get("description", "")
-    if "RHO-BANK" not in description.upper() and "RHOBANK" not in description.upper():
-        return (f"Error: Transaction '{transaction_id}' is from a third-party ATM. Deposit images are only available "
-                f"for Rho-Bank ATM deposits. For third-party ATM disputes, a chargeback request must be submitted to "
-                f"the ATM network.")
+    ensure("RHO-BANK" in description.upper() or "RHOBANK" in description.upper(),
+           f"Error: Transaction '{transaction_id}' is from a third-party ATM. Deposit images are only available for "
+           f"Rho-Bank ATM deposits. For third-party ATM disputes, a chargeback request must be submitted to the ATM "
+           f"network.")
     header = f"ATM Deposit Image Retrieval Results\n=====================================\nTransaction ID: {transaction_id}\n"
     images = DEPOSIT_IMAGES.get(transaction_id)
     if images is not None:

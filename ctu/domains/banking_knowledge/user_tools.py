@@ -12,6 +12,7 @@ import inspect
 import json
 
 from ctu.domains.banking_knowledge import ids
+from ctu.domains.banking_knowledge.checks import bank_account, check_card_account, ensure
 from ctu.domains.banking_knowledge.store import Bank, account_balance, found, lookup, query_database_tool
 from ctu.domains.banking_knowledge.toolkit import USER, register
 
@@ -41,17 +42,15 @@ def user_tool(kind: str, **options):
     return register(USER, "KnowledgeUserTools", kind, **options)
 
 
-def given_problem(self: Bank, tool_name: str) -> str | None:
-    """tau2's refusal of a discoverable tool the agent has not given, else None."""
-    if "No records found" in lookup(self, "user_discoverable_tools", "tool_name", tool_name):
-        return (f"Error: Tool '{tool_name}' has not been given to you by the agent. "
-                f"The agent must first use `give_discoverable_user_tool` to give this tool to you.")
-    return None
-
-
-def log_call(self: Bank, tool_name: str, arguments: dict) -> None:
+def given(self: Bank, tool_name: str, **arguments: object) -> dict:
+    """How a discoverable user tool starts, as tau2's: refused unless the agent gave it, else the call is logged in
+    ``user_discoverable_tool_calls``; the arguments, as logged."""
+    ensure("No records found" not in lookup(self, "user_discoverable_tools", "tool_name", tool_name),
+           f"Error: Tool '{tool_name}' has not been given to you by the agent. "
+           f"The agent must first use `give_discoverable_user_tool` to give this tool to you.")
     self.add("user_discoverable_tool_calls", ids.user_tool_call_id(tool_name, arguments),
              {"tool_name": tool_name, "arguments": arguments, "called_at": ids.TODAY, "status": "CALLED"})
+    return arguments
 
 
 def ran(tool: str, lead: str, arguments: dict) -> str:
@@ -69,11 +68,7 @@ def submit_cash_back_dispute_0589(self: Bank, user_id: str, transaction_id: str)
     Returns:
         Cash back dispute submitted successfully. Your case has been queued for review.
     """
-    problem = given_problem(self, "submit_cash_back_dispute_0589")
-    if problem:
-        return problem
-    arguments = {"user_id": user_id, "transaction_id": transaction_id}
-    log_call(self, "submit_cash_back_dispute_0589", arguments)
+    arguments = given(self, "submit_cash_back_dispute_0589", user_id=user_id, transaction_id=transaction_id)
     dispute = ids.dispute_id(user_id, transaction_id)
     settings = (self.get("task_config", "dispute_settings") or {}) if self.any("task_config") else {}
     record = {"dispute_id": dispute, "user_id": user_id, "transaction_id": transaction_id, "submitted_at": ids.TODAY}
@@ -84,12 +79,10 @@ def submit_cash_back_dispute_0589(self: Bank, user_id: str, transaction_id: str)
     else:
         record["status"] = "SUBMITTED"
         status = "Status: SUBMITTED - Your dispute has been queued for review."
-    stored = self.add("cash_back_disputes", dispute, record)
-    out = ran("submit_cash_back_dispute_0589", "Cash back dispute submitted successfully. Your case has been queued "
-              "for review.", arguments)
-    if stored:
-        return out + f"Dispute ID: {dispute}\n{status}"
-    return out + "Note: Dispute may have already been submitted for this transaction."
+    note = (f"Dispute ID: {dispute}\n{status}" if self.add("cash_back_disputes", dispute, record)
+            else "Note: Dispute may have already been submitted for this transaction.")
+    return ran("submit_cash_back_dispute_0589", "Cash back dispute submitted successfully. Your case has been queued "
+               "for review.", arguments) + note
 
 
 @user_tool("write", discoverable=True)
@@ -103,20 +96,15 @@ def get_referral_link(self: Bank, user_id: str, card_name: str) -> str:
     Returns:
         Referral link generated successfully. Share this link with the person you want to refer.
     """
-    problem = given_problem(self, "get_referral_link")
-    if problem:
-        return problem
-    arguments = {"user_id": user_id, "card_name": card_name}
-    log_call(self, "get_referral_link", arguments)
+    arguments = given(self, "get_referral_link", user_id=user_id, card_name=card_name)
     referral = ids.referral_link_id(user_id, card_name)
     stored = self.add("referrals", referral, {"referral_id": referral, "referrer_id": user_id,
                                               "referred_account_type": card_name, "referral_status": "NO_PROGRESS",
                                               "date": ids.TODAY})
-    out = ran("get_referral_link", "Referral link generated successfully. Share this link with the person you want "
-              "to refer.", arguments)
-    if stored:
-        return out + f"Referral ID: {referral}\nReferral link: https://rhobank.com/refer/{referral}"
-    return out + "Note: A referral link for this card may have already been generated."
+    note = (f"Referral ID: {referral}\nReferral link: https://rhobank.com/refer/{referral}" if stored
+            else "Note: A referral link for this card may have already been generated.")
+    return ran("get_referral_link", "Referral link generated successfully. Share this link with the person you want "
+               "to refer.", arguments) + note
 
 
 @user_tool("read", discoverable=True)
@@ -129,13 +117,8 @@ def get_card_last_4_digits(self: Bank, credit_card_account_id: str) -> str:
     Returns:
         Card information retrieved successfully.
     """
-    problem = given_problem(self, "get_card_last_4_digits")
-    if problem:
-        return problem
-    arguments = {"credit_card_account_id": credit_card_account_id}
-    log_call(self, "get_card_last_4_digits", arguments)
-    if not found(lookup(self, "credit_card_accounts", "account_id", credit_card_account_id)):
-        return f"Error: Credit card account '{credit_card_account_id}' not found."
+    arguments = given(self, "get_card_last_4_digits", credit_card_account_id=credit_card_account_id)
+    check_card_account(self, credit_card_account_id)
     digest = hashlib.sha256(f"card_last4:{credit_card_account_id}".encode()).hexdigest()
     last4 = "".join(c for c in digest if c.isdigit())[:4].ljust(4, "0")
     return ran("get_card_last_4_digits", "Card information retrieved successfully.", arguments) + \
@@ -153,22 +136,14 @@ def deposit_check_3847(self: Bank, account_id: str, check_amount: float) -> str:
     Returns:
         Check deposited successfully. Funds will be available according to your account's deposit policy.
     """
-    problem = given_problem(self, "deposit_check_3847")
-    if problem:
-        return problem
-    arguments = {"account_id": account_id, "check_amount": check_amount}
-    log_call(self, "deposit_check_3847", arguments)
+    arguments = given(self, "deposit_check_3847", account_id=account_id, check_amount=check_amount)
     try:
         amount = float(check_amount)
     except (ValueError, TypeError):
         return f"Error: Invalid check amount '{check_amount}'. Must be a number."
-    if amount <= 0:
-        return "Error: Check amount must be positive."
-    account = self.get("accounts", account_id)
-    if account is None:
-        return f"Error: Account '{account_id}' not found."
-    if account.get("status") not in ("ACTIVE", "OPEN"):
-        return f"Error: Account '{account_id}' is not active."
+    ensure(not amount <= 0, "Error: Check amount must be positive.")
+    account = bank_account(self, account_id)
+    ensure(account.get("status") in ("ACTIVE", "OPEN"), f"Error: Account '{account_id}' is not active.")
     current = account_balance(account)
     new = current + amount
     self.edit("accounts", account_id)["current_holdings"] = f"${new:.2f}"
