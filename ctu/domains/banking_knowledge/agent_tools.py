@@ -16,17 +16,17 @@ import json
 from typing import Literal
 
 from ctu.domains.banking_knowledge import ids
-from ctu.domains.banking_knowledge.checks import ensure
+from ctu.domains.banking_knowledge.checks import ensure, json_arguments
 from ctu.domains.banking_knowledge.store import Bank, lookup, query_database_tool
 from ctu.domains.banking_knowledge.toolkit import (
     AGENT,
-    USER,
     Method,
     describe_for_agent,
     docstring,
     register,
     tool_function,
     tool_info,
+    user_discoverable,
 )
 
 DISCOVERABLE_MODULES = ("misc_tools", "credit_cards", "credit_limits", "bank_accounts", "debit_cards", "debit_card_status",
@@ -156,17 +156,11 @@ def give_discoverable_user_tool(self: Bank, discoverable_tool_name: str, argumen
     """
     if not isinstance(discoverable_tool_name, str):  # tau2 looks the name up with hasattr
         raise TypeError(f"attribute name must be string, not '{type(discoverable_tool_name).__name__}'")
-    method = USER.get(discoverable_tool_name)
-    if method is None or not method.discoverable:
-        return f"Error: Unknown discoverable tool '{discoverable_tool_name}'."
-    try:
-        given = json.loads(arguments)
-    except json.JSONDecodeError as exc:
-        return f"Error: Invalid JSON in arguments: {exc}"
+    method = user_discoverable(discoverable_tool_name)
+    given = json_arguments(arguments)
     parameters = dict.fromkeys(inspect.signature(method.fn).parameters)  # "self" included, as on tau2's class
     for name in given:
-        if name not in parameters and name != "self":
-            return f"Error: Unexpected parameter: {name}"
+        ensure(name in parameters or name == "self", f"Error: Unexpected parameter: {name}")
     info = tool_info(method.fn)
     self.add("user_discoverable_tools", ids.user_tool_record_id(discoverable_tool_name),
              {"tool_name": discoverable_tool_name, "status": "GIVEN"})
@@ -193,10 +187,7 @@ def unlock_discoverable_agent_tool(self: Bank, agent_tool_name: str) -> str:
     Returns:
         A confirmation message with the tool's description and parameters
     """
-    method = _discoverable(agent_tool_name)
-    if method is None:
-        return f"Error: Unknown agent tool '{agent_tool_name}'. This tool is not available."
-    info = tool_info(method.fn)
+    info = tool_info(_discoverable(agent_tool_name).fn)
     self.session()["unlocked"][agent_tool_name] = ids.NOW.isoformat()
     return (f"Tool unlocked: {agent_tool_name}\nDescription: {info['description']}\n\n{describe_for_agent(info)}\n\n"
             f"You can now use this tool by calling `call_discoverable_agent_tool` with "
@@ -218,16 +209,12 @@ def call_discoverable_agent_tool(self: Bank, agent_tool_name: str, arguments: st
         The result of executing the agent tool
     """
     method = _discoverable(agent_tool_name)
-    if method is None:
-        return f"Error: Unknown agent tool '{agent_tool_name}'. This tool is not available."
     session = self.session()
-    if agent_tool_name not in session["unlocked"]:
-        return (f"Error: Tool '{agent_tool_name}' has not been unlocked. "
-                f"You must first use `unlock_discoverable_agent_tool` to unlock this tool before calling it.")
-    try:  # numbers all become floats, so ids and hashes do not depend on how a number was spelled
-        given = json.loads(arguments, parse_int=float)
-    except json.JSONDecodeError as exc:
-        return f"Error: Invalid JSON in arguments: {exc}"
+    ensure(agent_tool_name in session["unlocked"], f"Error: Tool '{agent_tool_name}' has not been unlocked. You must "
+                                                   f"first use `unlock_discoverable_agent_tool` to unlock this tool "
+                                                   f"before calling it.")
+    # numbers all become floats, so ids and hashes do not depend on how a number was spelled
+    given = json_arguments(arguments, parse_int=float)
     try:
         result = method(self, given)
     except TypeError as exc:
@@ -253,10 +240,13 @@ def list_discoverable_agent_tools(self: Bank) -> str:
     return f"Your called agent tools:\n{result}"
 
 
-def _discoverable(name: object) -> Method | None:
-    """The agent's discoverable tool ``name`` (tau2 looks it up in a dict: an unhashable name raises)."""
+def _discoverable(name: object) -> Method:
+    """The agent's discoverable tool ``name``, refused as unknown otherwise (tau2 looks it up in a dict: an
+    unhashable name raises)."""
     method = AGENT.get(name)  # type: ignore[arg-type]
-    return method if method is not None and method.discoverable else None
+    ensure(method is not None and method.discoverable,
+           f"Error: Unknown agent tool '{name}'. This tool is not available.")
+    return method
 
 
 BASE_TOOLS = tuple(AGENT)

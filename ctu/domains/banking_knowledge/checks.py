@@ -7,6 +7,7 @@ reads as its steps (``card = debit_card(self, card_id)``) and still answers, and
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ctu.domains.banking_knowledge.store import Bank, found, lookup
@@ -31,6 +32,14 @@ def one_of(name: str, value: object, allowed: list) -> None:
     ensure(value in allowed, f"Error: Invalid {name}. Must be one of: {allowed}")
 
 
+def json_arguments(text: Any, **options: Any) -> Any:
+    """A discoverable tool call's ``arguments`` parsed (``options``: ``json.loads``'s); bad JSON is refused."""
+    try:
+        return json.loads(text, **options)
+    except json.JSONDecodeError as exc:
+        raise Refusal(f"Error: Invalid JSON in arguments: {exc}") from None
+
+
 def digits(value: Any, count: int, text: str) -> None:
     """Refuse with ``text`` unless ``value`` is exactly ``count`` digits."""
     ensure(value.isdigit() and len(value) == count, text)
@@ -38,9 +47,9 @@ def digits(value: Any, count: int, text: str) -> None:
 
 def record(self: Bank, table: str, key: Any, missing: str) -> dict:
     """The record ``table[key]``; refused with ``missing`` when there is none."""
-    found = self.get(table, key)
-    ensure(found is not None, missing)
-    return found
+    value = self.get(table, key)
+    ensure(value is not None, missing)
+    return value
 
 
 def debit_card(self: Bank, card_id: Any) -> dict:

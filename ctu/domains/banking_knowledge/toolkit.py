@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin
 
-from ctu.domains.banking_knowledge.checks import Refusal
+from ctu.domains.banking_knowledge.checks import Refusal, ensure
 from ctu.domains.banking_knowledge.store import Bank
 from ctu.domains.base import DBView, Tool, ToolError
 
@@ -84,6 +84,14 @@ USER: dict[str, Method] = {}  # the user's: 6 tools and 4 discoverable ones
 def discoverable(kind: str, **options: Any) -> Callable[[Callable], Callable]:
     """Decorator for one of the agent's discoverable tools (tau2's ``@is_discoverable_tool`` on KnowledgeTools)."""
     return register(AGENT, "KnowledgeTools", kind, discoverable=True, **options)
+
+
+def user_discoverable(name: Any) -> Method:
+    """The user's discoverable tool ``name``, refused as unknown otherwise (a dict lookup, as tau2's: an unhashable
+    name raises)."""
+    method = USER.get(name)
+    ensure(method is not None and method.discoverable, f"Error: Unknown discoverable tool '{name}'.")
+    return method
 
 
 # -- families of tools written as data -----------------------------------------------------------

@@ -12,9 +12,9 @@ import inspect
 import json
 
 from ctu.domains.banking_knowledge import ids
-from ctu.domains.banking_knowledge.checks import bank_account, check_card_account, ensure
+from ctu.domains.banking_knowledge.checks import bank_account, check_card_account, ensure, json_arguments
 from ctu.domains.banking_knowledge.store import Bank, account_balance, found, lookup, query_database_tool
-from ctu.domains.banking_knowledge.toolkit import USER, register
+from ctu.domains.banking_knowledge.toolkit import USER, register, user_discoverable
 
 CARD_TYPES = ["Bronze Rewards Card", "Business Bronze Rewards Card", "Business Gold Rewards Card",
               "Business Platinum Rewards Card", "Business Silver Rewards Card", "Crypto-Cash Back", "Diamond Elite Card",
@@ -164,8 +164,7 @@ def apply_for_credit_card(self: Bank, card_type: str, customer_name: str, annual
         annual_income: Annual income in USD
         rho_bank_subscription: Whether user has Rho-Bank+ subscription
     """
-    if card_type not in CARD_TYPES:
-        return f"Error: Invalid card_type '{card_type}'. Must be one of: {CARD_TYPES}"
+    ensure(card_type in CARD_TYPES, f"Error: Invalid card_type '{card_type}'. Must be one of: {CARD_TYPES}")
     try:
         income = float(annual_income)
     except (TypeError, ValueError):
@@ -174,8 +173,8 @@ def apply_for_credit_card(self: Bank, card_type: str, customer_name: str, annual
     record = {"application_id": application, "card_type": card_type, "customer_name": customer_name,
               "annual_income": income, "rho_bank_subscription": rho_bank_subscription, "status": "PENDING",
               "date": ids.TODAY}
-    if not self.add("credit_card_applications", application, record):
-        return f"Failed to submit application: Record ID '{application}' may already exist."
+    ensure(self.add("credit_card_applications", application, record),
+           f"Failed to submit application: Record ID '{application}' may already exist.")
     return ("Credit card application submitted:\nYour application has been successfully submitted. "
             "You will receive a decision within 5-7 business days via email.")
 
@@ -216,20 +215,14 @@ def call_discoverable_user_tool(self: Bank, discoverable_tool_name: str, argumen
     Returns:
         The result of executing the discoverable tool
     """
-    method = USER.get(discoverable_tool_name)  # a dict lookup, as tau2's (an unhashable name raises)
-    if method is None or not method.discoverable:
-        return f"Error: Unknown discoverable tool '{discoverable_tool_name}'."
-    try:
-        given = json.loads(arguments, parse_int=float)
-    except json.JSONDecodeError as exc:
-        return f"Error: Invalid JSON in arguments: {exc}"
+    method = user_discoverable(discoverable_tool_name)
+    given = json_arguments(arguments, parse_int=float)
     parameters = dict(list(inspect.signature(method.fn).parameters.items())[1:])  # the bound method's
     for name, param in parameters.items():
-        if param.default is inspect.Parameter.empty and name not in given:
-            return f"Error: Missing required parameter: {name}"
+        ensure(param.default is not inspect.Parameter.empty or name in given,
+               f"Error: Missing required parameter: {name}")
     for name in given:
-        if name not in parameters:
-            return f"Error: Unexpected parameter: {name}"
+        ensure(name in parameters, f"Error: Unexpected parameter: {name}")
     try:
         return method(self, given)
     except TypeError as exc:
@@ -282,8 +275,8 @@ def submit_transaction(self: Bank, user_id: str, credit_card_type: str, merchant
         amount: Transaction amount in USD (e.g., 127.43)
         category: Transaction category (e.g., "Groceries", "Dining", "Travel", "Software", "Entertainment", "Utilities", "Shopping")
     """
-    if credit_card_type not in REWARD_RATES:
-        return f"Error: Unknown credit card type '{credit_card_type}'. Available types: {list(REWARD_RATES)}"
+    ensure(credit_card_type in REWARD_RATES,
+           f"Error: Unknown credit card type '{credit_card_type}'. Available types: {list(REWARD_RATES)}")
     txn = ids.transaction_id(user_id, credit_card_type, merchant_name, amount, category)
     rates = REWARD_RATES[credit_card_type]
     rate = rates.get(category, rates["default"])
@@ -291,8 +284,8 @@ def submit_transaction(self: Bank, user_id: str, credit_card_type: str, merchant
     record = {"transaction_id": txn, "user_id": user_id, "credit_card_type": credit_card_type,
               "merchant_name": merchant_name, "transaction_amount": f"${amount:.2f}", "transaction_date": ids.TODAY,
               "category": category, "status": "COMPLETED", "rewards_earned": f"{points} points"}
-    if not self.add("credit_card_transaction_history", txn, record):
-        return f"Failed to submit transaction: Record ID '{txn}' may already exist."
+    ensure(self.add("credit_card_transaction_history", txn, record),
+           f"Failed to submit transaction: Record ID '{txn}' may already exist.")
     return (f"Transaction submitted successfully!\n  - Transaction ID: {txn}\n  - User ID: {user_id}\n"
             f"  - Card Type: {credit_card_type}\n  - Merchant: {merchant_name}\n  - Amount: ${amount:.2f}\n"
             f"  - Category: {category}\n  - Date: {ids.TODAY}\n"
