@@ -57,8 +57,9 @@ DEPOSIT_IMAGES = {
         DISCREPANCY_CONFIRMED),
     'btxn_test_deposit_001': (
         'ATM #3921',
-        _check_and_cash_envelope("ENV-2025-3921-00847", "2:34 PM EST", "Rho-Bank ATM #3921, 742 Oak Avenue, Portland, OR",
-                                 "4821", "First National Bank", "Linda Patterson", "11/05/2025"),
+        _check_and_cash_envelope("ENV-2025-3921-00847", "2:34 PM EST",
+                                 "Rho-Bank ATM #3921, 742 Oak Avenue, Portland, OR", "4821", "First National Bank",
+                                 "Linda Patterson", "11/05/2025"),
         DISCREPANCY_CONFIRMED),
     'btxn_test_atm_dep_partial': (
         'ATM #5847',

@@ -264,7 +264,8 @@ def pay_credit_card_from_checking_9182(self: Bank, user_id: str, checking_accoun
     except (ValueError, TypeError):
         return "Error: Invalid payment amount. Must be a positive number."
     ensure(not amount <= 0, "Error: Payment amount must be a positive number.")
-    checking = record(self, "accounts", checking_account_id, f"Error: Checking account '{checking_account_id}' not found.")
+    checking = record(self, "accounts", checking_account_id,
+                      f"Error: Checking account '{checking_account_id}' not found.")
     ensure(checking.get("user_id") == user_id,
            f"Error: Checking account '{checking_account_id}' does not belong to user '{user_id}'.")
     ensure(checking.get("class") == "checking", f"Error: Account '{checking_account_id}' is not a checking account.")

@@ -39,7 +39,8 @@ def submit_credit_limit_increase_request_7392(self: Bank, credit_card_account_id
     request_id = ids.credit_limit_request_id(credit_card_account_id, user_id, amount)
     record = {"request_id": request_id, "credit_card_account_id": credit_card_account_id, "user_id": user_id,
               "requested_increase_amount": amount, "submitted_at": ids.TODAY, "status": "PENDING"}
-    ensure(self.add("credit_limit_increase_requests", request_id, record), "Error: A similar request may already exist.")
+    ensure(self.add("credit_limit_increase_requests", request_id, record),
+           "Error: A similar request may already exist.")
     return (f"Credit limit increase request submitted successfully.\n\n"
             f"Executed: submit_credit_limit_increase_request_7392\n  - Request ID: {request_id}\n"
             f"  - Account: {credit_card_account_id}\n  - Requested Increase: ${amount:,}\n  - Status: PENDING")
@@ -48,7 +49,8 @@ def submit_credit_limit_increase_request_7392(self: Bank, credit_card_account_id
 history_tool("get_credit_limit_increase_history_4829", "credit_card_account_id",
              "The credit card account ID to check for CLI history", "credit_limit_increase_requests",
              "Retrieve the credit limit increase request history for a specific credit card account. Returns all "
-             "previous CLI requests including dates, amounts, and statuses.", "Credit limit increase history retrieved.",
+             "previous CLI requests including dates, amounts, and statuses.",
+             "Credit limit increase history retrieved.",
              "Credit limit increase history for account {}:",
              "\nNo credit limit increase requests found for this account.", __name__)
 
@@ -64,14 +66,13 @@ def get_payment_history_6183(self: Bank, credit_card_account_id: str, months: in
     Returns:
         Payment history retrieved.
     """
-    if not credit_card_account_id or months is None:
-        return "Error: Missing required parameters (credit_card_account_id, months)."
+    ensure(credit_card_account_id and months is not None,
+           "Error: Missing required parameters (credit_card_account_id, months).")
     try:
         months = int(months)
-        if months <= 0:
-            return "Error: months must be a positive integer."
     except (ValueError, TypeError):
         return "Error: Invalid months value. Must be a positive integer."
+    ensure(months > 0, "Error: months must be a positive integer.")
     payments = [p for p in self.values("payment_history") if p.get("credit_card_account_id") == credit_card_account_id]
     if not payments:
         return f"No payment history found for account '{credit_card_account_id}'."
