@@ -237,11 +237,12 @@ def _prompt_notes(config) -> list[str]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from ctu.observe.records import RecordError
     from ctu.observe.report import draw_curves
 
     try:
         print(f"wrote {draw_curves(args.run_dir)}")
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, RecordError) as exc:
         raise SystemExit(_one_line(f"ctu: error: {exc}")) from None
     return 0
 

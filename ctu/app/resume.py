@@ -16,49 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ctu.config.atomic import atomic_open
+from ctu.observe.records import RecordError, Unreadable, parse_record, split_records  # noqa: F401 - re-exported
 from ctu.observe.tracking import read_evals
 from ctu.train.checkpoint import checkpoint_step, resolve_resume
 
 RECORD_FILES = ("metrics.jsonl", "eval/history.jsonl")
-
-
-class RecordError(ValueError):
-    """A damaged line inside a run's record file; the message names the file and the line."""
-
-
-class Unreadable(RecordError):
-    """A line that is not UTF-8 JSON at all (what a write cut short leaves)."""
-
-
-def parse_record(path: Path, line_no: int, raw: bytes) -> dict[str, Any]:
-    """One record line: a JSON object with an integer ``step``; :class:`RecordError` naming file and line."""
-    where = f"{path}: line {line_no}"
-    try:
-        record = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise Unreadable(f"{where}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise Unreadable(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(record, dict) or type(record.get("step")) is not int:
-        raise RecordError(f"{where}: not a record (a JSON object with an integer 'step')")
-    return record
-
-
-def split_records(path: Path, data: bytes) -> tuple[list[dict[str, Any]], bytes | None]:
-    """(records, torn tail or None) of a record file's bytes; blank lines are skipped, as the readers do.
-
-    The tail after the last newline is a record written without its newline if it parses, torn if it is not
-    JSON (a tail that is JSON but no record is refused like any other line)."""
-    lines = data.split(b"\n")
-    tail = lines.pop()
-    records = [parse_record(path, n, line) for n, line in enumerate(lines, start=1) if line.strip()]
-    if not tail.strip(b" \t\r\0"):
-        return records, tail or None
-    try:
-        records.append(parse_record(path, len(lines) + 1, tail))
-    except Unreadable:
-        return records, tail
-    return records, None
 
 
 def repair_records(path: Path) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ctu.config.redact import redact_data
+from ctu.observe.records import read_records
 
 
 def _clean(value: Any) -> Any:
@@ -129,10 +130,7 @@ class Tracker:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_records(Path(run_dir) / "metrics.jsonl")
 
 
 def eval_history_path(run_dir: str | Path) -> Path:
@@ -165,7 +163,4 @@ def record_eval(run_dir: str | Path, *, tag: str, phase: str, step: int, success
 
 
 def read_evals(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = eval_history_path(run_dir)
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_records(eval_history_path(run_dir))

@@ -1,0 +1,36 @@
+"""`ctu report` reads a run's records as resume does: a damaged line is one error naming the file and the line, a
+torn last line (a write cut short) is left out of the curves."""
+
+from __future__ import annotations
+
+import json
+
+from ctu.app.cli import main
+from ctu.observe.tracking import read_evals, read_metrics
+
+
+def _run(tmp_path, metrics: bytes):
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "metrics.jsonl").write_bytes(metrics)
+    (run / "eval" / "history.jsonl").write_text(json.dumps({"step": 0, "tag": "step_0", "phase": "before",
+                                                             "metrics": {"overall/success": 0.0}}) + "\n")
+    return run
+
+
+def _row(step: int) -> bytes:
+    return (json.dumps({"step": step, "rollout": {"reward": 0.5}, "train": {"loss": 0.1}}) + "\n").encode()
+
+
+def test_a_damaged_line_is_one_error_naming_file_and_line(tmp_path, capsys):
+    run = _run(tmp_path, _row(1) + b'{"step": 2, "rollout": {"rew\n' + _row(3))
+    assert main(["report", str(run)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"{run / 'metrics.jsonl'}: line 2: not JSON" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_a_torn_last_line_is_left_out(tmp_path):
+    run = _run(tmp_path, _row(1) + _row(2) + b'{"step": 3, "rollo')
+    assert [r["step"] for r in read_metrics(run)] == [1, 2]
+    assert [e["step"] for e in read_evals(run)] == [0]
