@@ -50,6 +50,7 @@ def server_command(model_dir: str, served_name: str, port: int, *, python: str |
 
 def server_env(base: dict[str, str], api_key: str | None) -> dict[str, str]:
     env = {**base, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_SERVER_DEV_MODE": "1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # ctu's in-process engine sets it; a server runs its own core
     if api_key:
         env["VLLM_API_KEY"] = api_key
     return env
