@@ -34,6 +34,7 @@ import math
 import re
 import shutil
 import threading
+import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,7 @@ class ServedEngine(RemoteEngine):
         self.loaded: list[str] = []  # adapter names this engine loaded and has not unloaded
         self.written: list[Path] = []  # directories this engine wrote, oldest first
         self.prefix_reset = True  # the server has /reset_prefix_cache (dev mode)
+        self.tag = uuid.uuid4().hex[:8]
         self._lock = threading.Lock()
         self._warned_inexact = False
 
@@ -156,6 +158,10 @@ class ServedEngine(RemoteEngine):
             if isinstance(lora_config, dict) and int(lora_config.get("max_loras", 1)) < self.keep:
                 raise self.fail("LoRA hot-load", hint=f": the server's --max-loras is {lora_config.get('max_loras')}, "
                                 f"training needs >= {self.keep} (trainer.max_staleness + 1; engine.max_loras)")
+            for leftover in self.listed_versions():  # a previous run's adapters (resume): its names are ours to reuse
+                log.warning("%s: unloading adapter %s left by an earlier run", redact(self.root), adapter_name(leftover))
+                self.loaded.append(adapter_name(leftover))
+                self.unload(adapter_name(leftover))
         elif self.info is None:
             raise self.fail("merged weight sync", response, hint=": it reloads weights through the dev routes "
                             "(/collective_rpc reload_weights): start the server with VLLM_SERVER_DEV_MODE=1, or "
@@ -203,7 +209,7 @@ class ServedEngine(RemoteEngine):
         name = adapter_name(version)
         if name in self.loaded:
             raise ValueError(f"adapter version {version} was already loaded: give every update a new version")
-        path = self.weights_dir / name
+        path = self.weights_dir / f"{name}-{self.tag}"  # a path of this engine's own: vLLM's block hash includes it
         shutil.rmtree(path, ignore_errors=True)  # a resumed run's leftover of the same version
         write_peft_adapter(named_tensors, str(path), peft_config, self.lora_alpha)
         self.written.append(path)

@@ -78,7 +78,8 @@ def test_three_adapter_versions_hot_load_with_parity_and_version_after_each(fake
         assert fake.requests[-1]["model"] == f"ctu-v{version}"
     assert [e for e in fake.events if not e.startswith("complete")] == [
         "load ctu-v1", "reset", "load ctu-v2", "reset", "unload ctu-v1", "load ctu-v3", "reset", "unload ctu-v2"]
-    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["ctu-v2", "ctu-v3"]  # keep=2 on disk
+    on_disk = sorted(p.name for p in (tmp_path / "w").iterdir())
+    assert on_disk == [f"ctu-v2-{engine.tag}", f"ctu-v3-{engine.tag}"]  # keep=2 on disk
     engine.close()
     assert not any((tmp_path / "w").iterdir())
 
@@ -183,3 +184,16 @@ def test_an_inexact_logprobs_mode_is_warned_and_the_probe_sees_it(fake, policy, 
     assert "raw_logprobs" in caplog.text
     with pytest.raises(ParityError):
         check_parity(diff, 1e-2)
+
+
+def test_a_resumed_run_reuses_the_names_an_earlier_run_left_loaded(fake, policy, tmp_path, monkeypatch):
+    earlier = engine_for(fake, tmp_path, monkeypatch)
+    new_version(policy, 1)
+    earlier.update_adapter(adapter_named_tensors(policy), 3)  # then it crashed: ctu-v3 stays on the server
+    resumed = engine_for(fake, tmp_path, monkeypatch)
+    resumed.connect("adapter", lora=True)
+    assert fake.adapters == {}
+    new_version(policy, 2)
+    resumed.update_adapter(adapter_named_tensors(policy), 3)
+    check_parity(probe_parity(resumed, score_with(policy), tokens=8), 1e-3)
+    assert resumed.tag != earlier.tag and fake.adapters["ctu-v3"][0].endswith(resumed.tag)  # a new path: new KV hash
