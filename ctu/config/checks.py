@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctu.config.derived import max_staleness, served_max_loras, weight_sync_mode
+from ctu.config.derived import max_staleness, weight_sync_mode
 
 if TYPE_CHECKING:  # annotations only: ctu.config.schema imports this module
     from ctu.config.schema import ChatAPIBudget, Config
@@ -92,7 +92,8 @@ def config_problems(config: Config) -> list[str]:
                 "sampling.max_tokens": config.sampling.max_tokens, "eval.samples_per_task": config.eval.samples_per_task,
                 "eval.concurrency": config.eval.concurrency, "engine.max_batch_size": config.engine.max_batch_size,
                 "engine.kv_cache_tokens": config.engine.kv_cache_tokens,
-                "env.max_context_tokens": config.env.max_context_tokens}
+                "env.max_context_tokens": config.env.max_context_tokens,
+                **({"engine.max_loras": config.engine.max_loras} if config.engine.max_loras is not None else {})}
     problems += [f"{k}: must be >= 1, got {v}" for k, v in positive.items() if v < 1]
     if not 0 < config.sampling.top_p <= 1:
         problems.append(f"sampling.top_p: must be in (0, 1], got {config.sampling.top_p}")
@@ -225,7 +226,7 @@ def served_problems(config: Config) -> list[str]:
     if e.launch_timeout_s <= 0:
         out.append(f"engine.launch_timeout_s: must be > 0, got {e.launch_timeout_s}")
     need = max_staleness(config) + 1
-    if served_max_loras(config) < need:
+    if e.max_loras is not None and e.max_loras < need:
         out.append(f"engine.max_loras: must be >= trainer.max_staleness + 1 = {need} (every version a step may "
                    f"train on is served at once), got {e.max_loras}")
     return out

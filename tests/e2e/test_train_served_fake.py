@@ -67,9 +67,11 @@ def test_a_server_that_keeps_the_old_adapter_stops_the_run(tmp_path):
             Trainer(served_config(tmp_path / "run", fake.url, "trainer.sft_steps=0")).run()
 
 
-def test_served_config_checks(tmp_path):
+def test_served_config_checks(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="engine.base_url: engine.kind=served attaches"):
         load_config("configs/quickstart.yaml", ["engine.kind=served", f"run.dir={tmp_path}"])
-    with pytest.raises(ConfigError, match="engine.max_loras: must be >= trainer.max_staleness"):
-        load_config("configs/quickstart.yaml", ["engine.kind=served", "engine.launch=true", "engine.max_loras=0",
+    monkeypatch.setattr("ctu.config.checks.max_staleness", lambda config: 2)  # trainer.max_staleness=2 (async)
+    with pytest.raises(ConfigError, match=r"engine.max_loras: must be >= trainer.max_staleness \+ 1 = 3 .*got 2"):
+        load_config("configs/quickstart.yaml", ["engine.kind=served", "engine.launch=true", "engine.max_loras=2",
                                                 f"run.dir={tmp_path}"])
+    load_config("configs/quickstart.yaml", ["engine.kind=served", "engine.launch=true", f"run.dir={tmp_path}"])
