@@ -83,6 +83,8 @@ def server_message(response: httpx.Response) -> str:
         error = data.get("error")
         if isinstance(error, dict) and error.get("message"):
             return str(error["message"])[:300]
+        if isinstance(error, str):  # the API-key middleware's {"error": "Unauthorized"}
+            return error[:300]
         if data.get("detail"):
             return str(data["detail"])[:300]
     return response.text[:200]
@@ -149,6 +151,9 @@ class ServedEngine(RemoteEngine):
             self.logprobs_mode = (self.info.get("model_config") or {}).get("logprobs_mode")
         if weight_sync == "adapter":
             probe = self.call("POST", "/v1/unload_lora_adapter", {"lora_name": "ctu-route-check"})
+            if probe.status_code == 401:
+                raise self.fail("POST /v1/unload_lora_adapter", probe, hint=": the server wants an API key: put it "
+                                "in the environment variable named by engine.api_key_env")
             if route_missing(probe):
                 raise self.fail("LoRA hot-load", probe, hint=": no /v1/load_lora_adapter route: start the server with "
                                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora")

@@ -153,6 +153,11 @@ def test_connect_names_what_the_server_lacks(fake, tmp_path, monkeypatch):
     with pytest.raises(ServedEngineError, match="VLLM_SERVER_DEV_MODE=1.*lora.enabled=true"):
         engine.connect("merged", lora=False)
     engine.connect("adapter", lora=True)  # LoRA without dev mode: no /reset_prefix_cache, names keep KV apart
+    monkeypatch.setenv("SERVED_KEY", "sk-wrong")
+    with pytest.raises(ServedEngineError, match="HTTP 401.*engine.api_key_env") as caught:
+        ServedEngine(fake.url + "/v1", fake.name, weights_dir=str(tmp_path), api_key_env="SERVED_KEY").connect(
+            "adapter", lora=True)
+    assert "sk-wrong" not in str(caught.value)
 
 
 def test_merged_weights_reload_through_the_dev_routes_with_a_version_stamp(fake, tmp_path, monkeypatch):
