@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctu.config.derived import weight_sync_mode
+from ctu.config.derived import max_staleness, weight_sync_mode
 
 if TYPE_CHECKING:  # annotations only: ctu.config.schema imports this module
     from ctu.config.schema import ChatAPIBudget, Config
@@ -92,7 +92,8 @@ def config_problems(config: Config) -> list[str]:
                 "sampling.max_tokens": config.sampling.max_tokens, "eval.samples_per_task": config.eval.samples_per_task,
                 "eval.concurrency": config.eval.concurrency, "engine.max_batch_size": config.engine.max_batch_size,
                 "engine.kv_cache_tokens": config.engine.kv_cache_tokens,
-                "env.max_context_tokens": config.env.max_context_tokens}
+                "env.max_context_tokens": config.env.max_context_tokens,
+                **({"engine.max_loras": config.engine.max_loras} if config.engine.max_loras is not None else {})}
     problems += [f"{k}: must be >= 1, got {v}" for k, v in positive.items() if v < 1]
     if not 0 < config.sampling.top_p <= 1:
         problems.append(f"sampling.top_p: must be in (0, 1], got {config.sampling.top_p}")
@@ -100,6 +101,7 @@ def config_problems(config: Config) -> list[str]:
         problems.append("sampling.temperature / eval.temperature: must be >= 0")
     if config.engine.kind == "remote" and not config.engine.base_url:
         problems.append("engine.base_url: required when engine.kind is 'remote'")
+    problems += served_problems(config)
     t = config.trainer
     train_positive = {"trainer.max_steps": t.max_steps, "trainer.tasks_per_step": t.tasks_per_step,
                       "trainer.samples_per_task": t.samples_per_task, "trainer.mini_batches": t.mini_batches,
@@ -177,9 +179,9 @@ def _update_problems(config: Config) -> list[str]:
         out.append(f"engine.gpu_memory_utilization: must be in (0, 1], got {e.gpu_memory_utilization}")
     if config.filters.max_assistant_tokens is not None and config.filters.max_assistant_tokens < 1:
         out.append(f"filters.max_assistant_tokens: must be >= 1 (or null), got {config.filters.max_assistant_tokens}")
-    if e.weight_sync == "adapter" and (e.kind != "vllm" or not config.lora.enabled):
-        out.append("engine.weight_sync: 'adapter' needs engine.kind=vllm and lora.enabled=true")
-    if e.kind == "vllm" and config.lora.enabled and weight_sync_mode(config) == "adapter":
+    if e.weight_sync == "adapter" and (e.kind not in ("vllm", "served") or not config.lora.enabled):
+        out.append("engine.weight_sync: 'adapter' needs engine.kind=vllm or served and lora.enabled=true")
+    if e.kind in ("vllm", "served") and config.lora.enabled and weight_sync_mode(config) == "adapter":
         if config.lora.rank not in VLLM_LORA_RANKS:
             out.append(f"lora.rank: vLLM serves LoRA adapters of rank {', '.join(map(str, VLLM_LORA_RANKS))} "
                        f"(its max_lora_rank), got {config.lora.rank}; pick one or use engine.weight_sync=merged")
@@ -210,6 +212,23 @@ def training_problems(config: Config) -> list[str]:
         out.append("engine.kind: 'remote' cannot be trained: ctu cannot push weights into a remote server, so every "
                    "step after the first would sample from stale weights; use engine.kind=hf or vllm for training "
                    "(remote serves ctu eval)")
+    return out
+
+
+def served_problems(config: Config) -> list[str]:
+    """``engine.kind=served``: attach (``engine.base_url``) or launch, and room for every version in use."""
+    e, out = config.engine, []
+    if e.kind != "served":
+        return out
+    if e.launch == bool(e.base_url):
+        out.append("engine.base_url: engine.kind=served attaches to engine.base_url or starts a server "
+                   "(engine.launch=true): set exactly one")
+    if e.launch_timeout_s <= 0:
+        out.append(f"engine.launch_timeout_s: must be > 0, got {e.launch_timeout_s}")
+    need = max_staleness(config) + 1
+    if e.max_loras is not None and e.max_loras < need:
+        out.append(f"engine.max_loras: must be >= trainer.max_staleness + 1 = {need} (every version a step may "
+                   f"train on is served at once), got {e.max_loras}")
     return out
 
 

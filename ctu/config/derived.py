@@ -20,9 +20,19 @@ def engines_sleep(config: Config) -> bool:
 
 def weight_sync_mode(config: Config) -> Literal["merged", "adapter"]:
     """What a weight sync sends: ``engine.weight_sync``, or for ``auto`` the LoRA adapter when a LoRA run syncs
-    an in-process vLLM engine (no merged copy of the model per sync), merged weights otherwise."""
+    a vLLM engine, in process or served (no merged copy of the model per sync), merged weights otherwise."""
     mode = config.engine.weight_sync
     if mode != "auto":
         return mode
-    adapter = config.engine.kind == "vllm" and config.lora.enabled and not config.distributed.rollout_workers
+    adapter = config.engine.kind in ("vllm", "served") and config.lora.enabled and not config.distributed.rollout_workers
     return "adapter" if adapter else "merged"
+
+
+def max_staleness(config: Config) -> int:
+    """How many versions old a trained-on sample may be (``trainer.max_staleness`` where the trainer has it)."""
+    return int(getattr(config.trainer, "max_staleness", 0) or 0)
+
+
+def served_max_loras(config: Config) -> int:
+    """The adapters a served engine holds at once: ``engine.max_loras``, or every version a step may train on."""
+    return config.engine.max_loras if config.engine.max_loras is not None else max_staleness(config) + 1

@@ -36,8 +36,8 @@ class ModelConfig:
 
 @dataclass
 class EngineConfig:
-    kind: Literal["hf", "remote", "vllm"] = "hf"
-    base_url: str | None = None  # remote: the OpenAI-compatible server
+    kind: Literal["hf", "remote", "vllm", "served"] = "hf"
+    base_url: str | None = None  # remote, served: the OpenAI-compatible server (served: attach to it)
     api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable holding the key
     max_batch_size: int = 64
     gpu_memory_utilization: float = 0.5
@@ -51,6 +51,13 @@ class EngineConfig:
     colocated: bool = True  # vllm shares the GPU with the trainer: sleep during updates, wake for rollouts
     kv_reuse: bool = True  # hf: keep each episode's KV cache across its turns (false: prefill every prompt whole)
     kv_cache_tokens: int = 32768  # hf: at most this many tokens' KV kept between calls (least recently used dropped)
+    # served (docs/served.md): start `python -m vllm.entrypoints.openai.api_server` (else attach to base_url)
+    launch: bool = False
+    launch_python: str | None = None  # the python that has vLLM; null: this one
+    launch_args: list[str] = field(default_factory=list)  # more server flags
+    launch_timeout_s: float = 600.0
+    max_loras: int | None = None  # served: adapters the server holds (--max-loras); null: trainer staleness + 1
+    weights_dir: str | None = None  # served: written here for the server to read (shared path); null: {run.dir}/engine
 
 
 @dataclass

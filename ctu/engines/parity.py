@@ -35,7 +35,9 @@ def probe_parity(engine: Engine, score_fn: ScoreFn, prompt_ids: Sequence[int] = 
 
     ``score_fn(input_ids [1, L], attention_mask [1, L], temperature)`` returns the trainer's next-token
     logprobs [1, L-1] (``ctu.train.policy.token_logprobs(model, ...)[0]``; ids arrive on CPU). Stop tokens are ignored so
-    the probe always has ``tokens`` tokens (unless the engine stops early on its own EOS).
+    the probe always has ``tokens`` tokens (unless the engine stops early on its own EOS). An engine with a
+    ``prompt_logprobs(ids)`` method (a served engine) also scores the probe and its samples teacher-forced, as a
+    prompt, at temperature 1; the larger difference is returned.
     """
     params = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=tokens, seed=seed)
     prompts = [list(prompt_ids)]
@@ -48,7 +50,14 @@ def probe_parity(engine: Engine, score_fn: ScoreFn, prompt_ids: Sequence[int] = 
         scored = score_fn(ids, torch.ones_like(ids), temperature)
     trainer = scored.reshape(-1)[-len(completion.token_ids):].float().cpu()
     engine_lp = torch.tensor(completion.logprobs, dtype=torch.float32)
-    return float((engine_lp - trainer).abs().max())
+    diff = float((engine_lp - trainer).abs().max())
+    prompt_logprobs = getattr(engine, "prompt_logprobs", None)  # a server scores the whole probe as a prompt too
+    if prompt_logprobs is not None:
+        served = torch.tensor(prompt_logprobs(ids[0].tolist()), dtype=torch.float32)
+        with torch.no_grad():
+            scored = score_fn(ids, torch.ones_like(ids), 1.0).reshape(-1)[-len(served):].float().cpu()
+        diff = max(diff, float((served - scored).abs().max()))
+    return diff
 
 
 # Default tolerance (engine.parity_tolerance: null). A logit z with |z| < 2 * LOGIT_SCALE is stored in a dtype with

@@ -1,10 +1,10 @@
-"""Make an engine by kind: ``hf`` (in-process transformers), ``remote`` (OpenAI-compatible), ``vllm``."""
+"""Make an engine by kind: ``hf`` (in-process transformers), ``remote`` (OpenAI-compatible), ``vllm``, ``served`` (a vLLM server that takes weights)."""
 
 from __future__ import annotations
 
 from ctu.engines.base import Engine
 
-KINDS = ("hf", "remote", "vllm")
+KINDS = ("hf", "remote", "vllm", "served")
 
 
 def make_engine(kind: str, **kwargs) -> Engine:
@@ -16,6 +16,10 @@ def make_engine(kind: str, **kwargs) -> Engine:
         from ctu.engines.remote import RemoteEngine
 
         return RemoteEngine(**kwargs)
+    if kind == "served":
+        from ctu.engines.served import ServedEngine
+
+        return ServedEngine(**kwargs)
     if kind == "vllm":
         from ctu.engines.vllm import VLLMEngine
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -47,6 +48,10 @@ def parse_choice(choice: dict[str, Any]) -> Completion:
     tokens = logprobs.get("tokens") or []
     values = logprobs.get("token_logprobs") or []
     ids = tuple(_token_id(t) for t in tokens)
+    returned = choice.get("token_ids")  # vLLM's return_token_ids: the sampled ids themselves
+    if returned is not None and tuple(returned) != ids:
+        raise RemoteEngineError(f"server returned token_ids {list(returned)[:8]}... that differ from its logprob "
+                                f"tokens {list(ids)[:8]}...: cannot tell which ids were sampled")
     lps = tuple(float(v) if v is not None else 0.0 for v in values[: len(ids)])
     if len(lps) != len(ids):
         raise RemoteEngineError(f"server returned {len(ids)} tokens but {len(lps)} logprobs")
@@ -67,7 +72,8 @@ class RemoteEngine(Engine):
         self.max_retries = max_retries
         self.backoff = (backoff_initial, backoff_max)
         self._sleep = sleep
-        self._gate = asyncio.Semaphore(concurrency)
+        self.concurrency = concurrency
+        self._gates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         key = os.environ.get(api_key_env) or "EMPTY"
         self._headers = {"Authorization": f"Bearer {key}"}
         self._timeout = timeout
@@ -77,11 +83,12 @@ class RemoteEngine(Engine):
     def __repr__(self) -> str:
         return f"RemoteEngine(url={redact(self.url)!r}, model={self.model!r})"
 
-    def request_body(self, prompt: Sequence[int], params: SamplingParams) -> dict[str, Any]:
+    def request_body(self, prompt: Sequence[int], params: SamplingParams, model: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.model, "prompt": list(prompt), "max_tokens": params.max_tokens,
+            "model": model or self.model, "prompt": list(prompt), "max_tokens": params.max_tokens,
             "temperature": params.temperature, "top_p": params.top_p, "n": params.n, "logprobs": 1,
-            "return_tokens_as_token_ids": True, "skip_special_tokens": False, "include_stop_str_in_output": True,
+            "return_tokens_as_token_ids": True, "return_token_ids": True, "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
         }
         if params.stop:
             body["stop"] = list(params.stop)
@@ -91,18 +98,18 @@ class RemoteEngine(Engine):
             body["seed"] = params.seed
         return body
 
-    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    async def request(self, client: httpx.AsyncClient, method: str, url: str, body: dict[str, Any] | None = None,
+                      retry: Callable[[int], bool] = lambda status: status == 429 or status >= 500) -> httpx.Response:
+        """``method url`` with the API key, retried with backoff while ``retry(status)`` (or on timeouts and
+        connection errors, honouring ``Retry-After``); any other status is returned as it came."""
         attempts = self.max_retries + 1
         last = "no attempt"
         for attempt in range(1, attempts + 1):
             delay = None
             try:
-                response = await client.post(self.url, json=body, headers=self._headers)
-                if response.status_code == 200:
-                    return response.json()
-                if response.status_code != 429 and response.status_code < 500:
-                    raise RemoteEngineError(f"{redact(self.url)} refused the request: HTTP {response.status_code}: "
-                                            f"{response.text[:200]}")
+                response = await client.request(method, url, json=body, headers=self._headers)
+                if response.status_code < 400 or not retry(response.status_code):
+                    return response
                 last = f"HTTP {response.status_code}"
                 retry_after = response.headers.get("retry-after")
                 delay = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None
@@ -111,7 +118,26 @@ class RemoteEngine(Engine):
             if attempt < attempts:
                 backoff = min(self.backoff[1], self.backoff[0] * 2 ** (attempt - 1)) * (0.5 + self._rng.random() / 2)
                 await self._sleep(min(self.backoff[1], delay) if delay is not None else backoff)
-        raise RemoteEngineError(f"{redact(self.url)} failed after {attempts} attempts (last error: {last})")
+        raise RemoteEngineError(f"{redact(url)} failed after {attempts} attempts (last error: {last})")
+
+    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+        response = await self.request(client, "POST", self.url, body)
+        if response.status_code != 200:
+            raise RemoteEngineError(f"{redact(self.url)} refused the request: HTTP {response.status_code}: "
+                                    f"{response.text[:200]}")
+        return response.json()
+
+    def _gate(self) -> asyncio.Semaphore:
+        """The request gate of the running event loop (a semaphore serves one loop; each ``asyncio.run`` is new)."""
+        loop = asyncio.get_running_loop()
+        gate = self._gates.get(loop)
+        if gate is None:
+            gate = self._gates[loop] = asyncio.Semaphore(self.concurrency)
+        return gate
+
+    def target(self) -> tuple[str, int | None]:
+        """The ``model`` a request names now and the policy version it serves (None: unknown)."""
+        return self.model, None
 
     async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                        seeds: Sequence[int] | None = None) -> list[list[Completion]]:
@@ -125,10 +151,11 @@ class RemoteEngine(Engine):
 
             async def one(i: int, prompt: Sequence[int]) -> list[Completion]:
                 seed = seeds[i] if seeds is not None else (None if params.seed is None else params.seed + i * params.n)
-                async with self._gate:
-                    data = await self._post(client, self.request_body(prompt, replace(params, seed=seed)))
+                model, version = self.target()  # taken when the request is sent: the weights that sample it
+                async with self._gate():
+                    data = await self._post(client, self.request_body(prompt, replace(params, seed=seed), model))
                 choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
-                completions = [parse_choice(c) for c in choices]
+                completions = [replace(parse_choice(c), version=version) for c in choices]
                 while len(completions) < params.n:  # a server that returned fewer choices: empty, not a crash
                     completions.append(Completion((), (), "stop"))
                 return completions[: params.n]

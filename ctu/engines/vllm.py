@@ -158,6 +158,28 @@ def write_safetensors_shards(named_tensors: Iterable[tuple[str, object]], direct
     return files
 
 
+def write_peft_adapter(adapter: Mapping[str, object] | Iterable[tuple[str, object]], path: str,
+                       peft_config: Mapping[str, object] | None = None, lora_alpha: float | None = None) -> str:
+    """Write PEFT-named LoRA tensors as a PEFT adapter directory (``adapter_model.safetensors`` and
+    ``adapter_config.json``) at ``path``; without ``peft_config``, ``r`` and ``target_modules`` are read from the
+    tensors and ``lora_alpha`` is the one given."""
+    from safetensors.torch import save_file
+
+    items = adapter.items() if isinstance(adapter, Mapping) else adapter
+    tensors = {name.replace(".default.", "."): tensor for name, tensor in items}
+    if not peft_config:
+        a = [(n, t) for n, t in tensors.items() if ".lora_A." in n]
+        if not a or lora_alpha is None:
+            raise ValueError("update_adapter needs lora_A/lora_B tensors and lora_alpha (constructor) or peft_config")
+        peft_config = {"r": int(a[0][1].shape[0]), "lora_alpha": lora_alpha,
+                       "target_modules": sorted({n.split(".lora_A.")[0].rsplit(".", 1)[-1] for n, _ in a})}
+    os.makedirs(path, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, os.path.join(path, "adapter_model.safetensors"))
+    with open(os.path.join(path, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", **dict(peft_config)}, f)
+    return path
+
+
 class VLLMEngine(Engine):
     """``enable_sleep_mode``: None asks for it where vLLM's platform supports it (CUDA), not on CPU.
     ``sleep_level``: what :meth:`sleep` asks for; 2 only where every sync sends every weight (:func:`sleep_level_for`).
@@ -313,25 +335,10 @@ class VLLMEngine(Engine):
             shutil.rmtree(previous, ignore_errors=True)
 
     def _write_adapter(self, adapter, version: int, peft_config) -> str:
-        from safetensors.torch import save_file
-
-        items = adapter.items() if isinstance(adapter, Mapping) else adapter
-        tensors = {name.replace(".default.", "."): tensor for name, tensor in items}
-        if not peft_config:
-            a = [(n, t) for n, t in tensors.items() if ".lora_A." in n]
-            if not a or self.lora_alpha is None:
-                raise ValueError("update_adapter needs lora_A/lora_B tensors and lora_alpha (constructor) or peft_config")
-            peft_config = {"r": int(a[0][1].shape[0]), "lora_alpha": self.lora_alpha,
-                           "target_modules": sorted({n.split(".lora_A.")[0].rsplit(".", 1)[-1] for n, _ in a})}
-
         if self._adapter_root is None:
             self._adapter_root = tempfile.TemporaryDirectory(prefix="ctu-lora-")
         path = os.path.join(self._adapter_root.name, f"v{version}")
-        os.makedirs(path, exist_ok=True)
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-                  os.path.join(path, "adapter_model.safetensors"))
-        with open(os.path.join(path, "adapter_config.json"), "w") as f:
-            json.dump({"peft_type": "LORA", **dict(peft_config)}, f)
+        write_peft_adapter(adapter, path, peft_config, self.lora_alpha)
         return path
 
     @property

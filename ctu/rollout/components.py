@@ -55,6 +55,10 @@ def build_engine(config: Config, model=None, tokenizer=None):
     if kind == "remote":
         return make_engine("remote", base_url=config.engine.base_url, model=config.model.path,
                            api_key_env=config.engine.api_key_env)
+    if kind == "served":
+        from ctu.engines.served_setup import served_engine
+
+        return served_engine(config)
     import torch
 
     from ctu.engines.vllm import sleep_level_for, vllm_dtype

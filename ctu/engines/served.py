@@ -1,0 +1,316 @@
+"""Training through a running vLLM server (``engine.kind=served``): OpenAI completions for rollouts, new weights
+pushed over HTTP while the server runs.
+
+Facts from vLLM 0.33's server (vllm/entrypoints/openai/models/serving.py, vllm/entrypoints/serve/lora/api_router.py,
+vllm/entrypoints/serve/dev/, vllm/entrypoints/rl/online/api_router.py, vllm/v1/core/kv_cache_utils.py):
+
+- **Tokens**: prompts go as token ids; ``return_tokens_as_token_ids`` and ``return_token_ids`` bring back the sampled
+  ids (checked to agree), ``logprobs=1`` their logprobs under the server's ``--logprobs-mode`` (see
+  :mod:`ctu.engines.remote`); nothing is re-tokenized. ``prompt_logprobs=0`` scores a prompt's own tokens with
+  ``log_softmax`` of the logits (no temperature): the parity probe uses it.
+- **LoRA hot-load** (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, ``--enable-lora``): ``POST /v1/load_lora_adapter``
+  ``{"lora_name", "lora_path"}`` reads a PEFT directory *on the server's file system*; 200 with a text body, 400 when
+  the name is already loaded (unless ``load_inplace``), 404 when the path holds no adapter, 500 for other load
+  failures. ``POST /v1/unload_lora_adapter`` ``{"lora_name"}``: 200, or 404 for an unknown name. Without the variable
+  the routes do not exist (404 ``{"detail": "Not Found"}``). A request whose ``model`` is not loaded gets 404.
+  Unloading only drops the name: requests already running keep their adapter, and an adapter evicted from the
+  ``--max-loras`` slots is re-read from its path, so the newest ``keep`` directories stay on disk.
+  Each version is a new name ``ctu-v<version>`` at a new path; the prefix-cache block hash includes both, so no
+  request of a new version can hit KV computed by an older one.
+- **Dev routes** (``VLLM_SERVER_DEV_MODE=1``): ``POST /reset_prefix_cache`` (``{"success": bool}``; false while
+  requests hold blocks, ``?reset_running_requests=true`` preempts them), ``GET /server_info?config_format=json``
+  (``lora_config.max_loras``, ``model_config.logprobs_mode``), ``POST /collective_rpc`` ``{"method":
+  "reload_weights", "kwargs": {"weights_path": DIR}}`` (merged weights from safetensors on the server's disk),
+  ``POST /update_weight_version`` ``{"new_version"}`` and ``GET /weight_info`` (the reload stamp). Merged sync
+  needs them; without dev mode a merged sync is refused in one line that says to train LoRA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import math
+import re
+import shutil
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ctu.config.redact import redact
+from ctu.engines.base import Completion, SamplingParams
+from ctu.engines.remote import RemoteEngine, RemoteEngineError
+
+log = logging.getLogger(__name__)
+NAME = re.compile(r"^ctu-v(\d+)$")
+ADMIN_RETRY = (429, 502, 503, 504)  # a load that failed with 500 fails again: not retried
+
+
+class ServedEngineError(RuntimeError):
+    """The server refused a weight load, unload or check (one line: URL, what, the server's message)."""
+
+
+def adapter_name(version: int) -> str:
+    return f"ctu-v{version}"
+
+
+def version_of(name: str | None) -> int | None:
+    match = NAME.match(name or "")
+    return int(match.group(1)) if match else None
+
+
+def run_sync(coro):
+    """Run ``coro`` to completion from synchronous code, also from inside a running event loop (in a thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def server_message(response: httpx.Response) -> str:
+    """vLLM's error message (``{"error": {"message"}}``, FastAPI's ``{"detail"}``), else the body's start."""
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:200]
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:300]
+        if isinstance(error, str):  # the API-key middleware's {"error": "Unauthorized"}
+            return error[:300]
+        if data.get("detail"):
+            return str(data["detail"])[:300]
+    return response.text[:200]
+
+
+def route_missing(response: httpx.Response) -> bool:
+    """A 404 from the router (no such route: FastAPI's ``{"detail": "Not Found"}``), not from a handler."""
+    return response.status_code in (404, 405) and "error" not in response.text
+
+
+class ServedEngine(RemoteEngine):
+    """A vLLM server that takes the trainer's weights: LoRA adapters hot-loaded per version, or merged weights
+    reloaded from disk (dev mode). ``weights_dir`` must be readable by the server at the same path (same machine,
+    or a shared file system). ``keep``: adapter versions whose directories stay on disk (staleness + 1)."""
+
+    accepts_weights = True
+
+    def __init__(self, base_url: str, model: str, *, weights_dir: str, keep: int = 2, lora_alpha: float | None = None,
+                 server=None, **remote_kwargs):
+        super().__init__(base_url, model, **remote_kwargs)
+        root = base_url.rstrip("/")
+        self.root = root[: -len("/v1")] if root.endswith("/v1") else root
+        self.weights_dir = Path(weights_dir)
+        self.keep = max(1, int(keep))
+        self.lora_alpha = lora_alpha
+        self.server = server  # a LaunchedServer this engine stops on close
+        self.served = model  # the ``model`` requests name: the base model, then the adapter of the newest version
+        self.weights_version: int | None = 0  # the initial weights are policy version 0
+        self.info: dict[str, Any] | None = None  # /server_info's vllm_config (dev mode), read by :meth:`connect`
+        self.logprobs_mode: str | None = None
+        self.loaded: list[str] = []  # adapter names this engine loaded and has not unloaded
+        self.written: list[Path] = []  # directories this engine wrote, oldest first
+        self.prefix_reset = True  # the server has /reset_prefix_cache (dev mode)
+        self.tag = uuid.uuid4().hex[:8]
+        self._lock = threading.Lock()
+        self._warned_inexact = False
+
+    def __repr__(self) -> str:
+        return f"ServedEngine(url={redact(self.root)!r}, serving={self.served!r})"
+
+    # -- HTTP ---------------------------------------------------------------------------------
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        async def go():
+            async with httpx.AsyncClient(timeout=self._timeout, transport=self._transport) as client:
+                return await self.request(client, method, self.root + path, body, retry=lambda s: s in ADMIN_RETRY)
+
+        return run_sync(go())
+
+    def fail(self, what: str, response: httpx.Response | None = None, hint: str = "") -> ServedEngineError:
+        status = f": HTTP {response.status_code}: {server_message(response)}" if response is not None else ""
+        return ServedEngineError(f"{redact(self.root)}: {what} failed{status}{hint}")
+
+    # -- connecting ---------------------------------------------------------------------------
+    def connect(self, weight_sync: str, lora: bool) -> None:
+        """Check the server before training: healthy, and able to take this run's weights (``weight_sync``:
+        ``adapter`` or ``merged``). Reads ``/server_info`` where dev mode serves it (max_loras, logprobs mode)."""
+        health = self.call("GET", "/health")
+        if health.status_code != 200:
+            raise self.fail("GET /health", health)
+        response = self.call("GET", "/server_info?config_format=json")
+        self.info = self.logprobs_mode = None
+        if response.status_code == 200:
+            self.info = response.json().get("vllm_config") or {}
+            self.logprobs_mode = (self.info.get("model_config") or {}).get("logprobs_mode")
+        if weight_sync == "adapter":
+            probe = self.call("POST", "/v1/unload_lora_adapter", {"lora_name": "ctu-route-check"})
+            if probe.status_code == 401:
+                raise self.fail("POST /v1/unload_lora_adapter", probe, hint=": the server wants an API key: put it "
+                                "in the environment variable named by engine.api_key_env")
+            if route_missing(probe):
+                raise self.fail("LoRA hot-load", probe, hint=": no /v1/load_lora_adapter route: start the server with "
+                                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora")
+            lora_config = (self.info or {}).get("lora_config", "unknown")
+            if lora_config is None:
+                raise self.fail("LoRA hot-load", hint=": the server runs without --enable-lora")
+            if isinstance(lora_config, dict) and int(lora_config.get("max_loras", 1)) < self.keep:
+                raise self.fail("LoRA hot-load", hint=f": the server's --max-loras is {lora_config.get('max_loras')}, "
+                                f"training needs >= {self.keep} (trainer.max_staleness + 1; engine.max_loras)")
+            for leftover in self.listed_versions():  # a previous run's adapters (resume): its names are ours to reuse
+                log.warning("%s: unloading adapter %s left by an earlier run", redact(self.root), adapter_name(leftover))
+                self.loaded.append(adapter_name(leftover))
+                self.unload(adapter_name(leftover))
+        elif self.info is None:
+            raise self.fail("merged weight sync", response, hint=": it reloads weights through the dev routes "
+                            "(/collective_rpc reload_weights): start the server with VLLM_SERVER_DEV_MODE=1, or "
+                            "train LoRA (lora.enabled=true), whose adapters hot-load through /v1/load_lora_adapter")
+
+    # -- generation ---------------------------------------------------------------------------
+    def target(self) -> tuple[str, int | None]:
+        with self._lock:
+            return self.served, self.weights_version
+
+    async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                       seeds: Sequence[int] | None = None) -> list[list[Completion]]:
+        from ctu.engines.vllm import logprobs_exact
+
+        if self.logprobs_mode and not self._warned_inexact and not logprobs_exact(self.logprobs_mode, params):
+            self._warned_inexact = True
+            log.warning("the server's --logprobs-mode %s is not log_softmax(logits/T) before top-p for T=%s, "
+                        "top_p=%s: sampler logprobs are inexact (serve with --logprobs-mode processed_logprobs and "
+                        "top_p=1; off by up to %.3f nats)", self.logprobs_mode, params.temperature, params.top_p,
+                        -math.log(params.top_p) if params.top_p < 1 else float("inf"))
+        return await super().generate(prompts, params, seeds)
+
+    def generate_sync(self, prompts, params, seeds=None) -> list[list[Completion]]:
+        return run_sync(self.generate(prompts, params, seeds))
+
+    def prompt_logprobs(self, ids: Sequence[int]) -> list[float]:
+        """The server's ``log_softmax(logits)`` of ``ids[1:]`` given what precedes each (``prompt_logprobs=0``)."""
+        model, _ = self.target()
+        body = {"model": model, "prompt": list(ids), "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
+                "return_token_ids": True}
+        response = self.call("POST", "/v1/completions", body)
+        if response.status_code != 200:
+            raise self.fail(f"prompt logprobs of the parity probe with model '{model}'", response)
+        rows = (response.json().get("choices") or [{}])[0].get("prompt_logprobs") or []
+        if len(rows) != len(ids):
+            raise self.fail(f"prompt logprobs: {len(rows)} rows for {len(ids)} prompt tokens")
+        return [float(row[str(t)]["logprob"]) for row, t in zip(rows[1:], ids[1:], strict=True)]
+
+    # -- weights ------------------------------------------------------------------------------
+    def update_adapter(self, named_tensors: Iterable[tuple[str, object]], version: int, peft_config=None) -> None:
+        """Write the adapter of ``version`` under ``weights_dir``, load it as ``ctu-v<version>``, reset the prefix
+        cache, check the server lists it, serve it, unload the previous version."""
+        from ctu.engines.vllm import write_peft_adapter
+
+        name = adapter_name(version)
+        if name in self.loaded:
+            raise ValueError(f"adapter version {version} was already loaded: give every update a new version")
+        path = self.weights_dir / f"{name}-{self.tag}"  # a path of this engine's own: vLLM's block hash includes it
+        shutil.rmtree(path, ignore_errors=True)  # a resumed run's leftover of the same version
+        write_peft_adapter(named_tensors, str(path), peft_config, self.lora_alpha)
+        self.written.append(path)
+        response = self.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        if response.status_code != 200:
+            raise self.fail(f"loading adapter '{name}' from {path}", response)
+        self.loaded.append(name)
+        self.reset_prefix_cache(running=False)
+        listed = self.listed_versions()
+        if version not in listed:  # accepted but not served: keep serving what is, its stamp stops the run
+            with self._lock:
+                self.weights_version = version_of(self.served) if self.served != self.model else 0
+            return
+        with self._lock:  # requests sent from now on name the new adapter
+            self.served, self.weights_version = name, version
+        for old in [n for n in self.loaded if n != name]:
+            self.unload(old)
+        self._prune()
+
+    def unload(self, name: str) -> None:
+        response = self.call("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+        if response.status_code != 200:
+            raise self.fail(f"unloading adapter '{name}'", response)
+        self.loaded.remove(name)
+
+    def listed_versions(self) -> list[int]:
+        """The ``ctu-v<version>`` adapters the server lists in ``GET /v1/models``."""
+        response = self.call("GET", "/v1/models")
+        if response.status_code != 200:
+            raise self.fail("GET /v1/models", response)
+        names = [card.get("id") for card in response.json().get("data") or []]
+        return sorted(v for v in map(version_of, names) if v is not None)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, object]], version: int | None = None) -> None:
+        """Merged Hugging Face weights: written as safetensors under ``weights_dir``, reloaded by the server
+        (``/collective_rpc reload_weights``), prefix cache reset (running requests preempted and recomputed),
+        stamped ``ctu-v<version>`` and read back from ``/weight_info``."""
+        from ctu.engines.vllm import hf_named_stream, write_safetensors_shards
+
+        if self.info is None:
+            self.connect("merged", lora=False)
+        path = self.weights_dir / f"merged-v{version}"
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        bad: list[str] = []
+        write_safetensors_shards(hf_named_stream(named_tensors, bad), str(path))
+        if bad:
+            shutil.rmtree(path, ignore_errors=True)
+            raise ValueError(f"the server needs merged Hugging Face names, not PEFT names such as {bad[0]}")
+        self.written.append(path)
+        response = self.call("POST", "/collective_rpc", {"method": "reload_weights",
+                                                         "kwargs": {"weights_path": str(path)}})
+        if response.status_code != 200:
+            hint = (": start the server with VLLM_SERVER_DEV_MODE=1 or train LoRA (lora.enabled=true)"
+                    if route_missing(response) else "")
+            raise self.fail(f"reloading merged weights of version {version} from {path}", response, hint)
+        self.reset_prefix_cache(running=True)
+        stamp = self.call("POST", "/update_weight_version", {"new_version": adapter_name(version)})
+        if stamp.status_code != 200:
+            raise self.fail(f"stamping weight version {version}", stamp)
+        info = self.call("GET", "/weight_info")
+        served = version_of(info.json().get("weight_version")) if info.status_code == 200 else None
+        with self._lock:
+            self.weights_version = served
+        self._prune(keep=1)
+
+    def reset_prefix_cache(self, running: bool) -> None:
+        """``POST /reset_prefix_cache``; ``running``: preempt running requests so the reset cannot be refused.
+        Without dev mode (404) an adapter sync goes on (its new name and path keep old KV out of reach)."""
+        if not self.prefix_reset:
+            return
+        response = self.call("POST", "/reset_prefix_cache" + ("?reset_running_requests=true" if running else ""))
+        if route_missing(response) and not running:
+            self.prefix_reset = False
+            log.warning("%s has no /reset_prefix_cache (VLLM_SERVER_DEV_MODE off): adapter versions keep their "
+                        "KV apart by name and path", redact(self.root))
+            return
+        if response.status_code != 200:
+            raise self.fail("POST /reset_prefix_cache", response)
+        if not response.json().get("success", False) and running:
+            raise self.fail("POST /reset_prefix_cache", hint=": the server did not reset its prefix cache")
+
+    def _prune(self, keep: int | None = None) -> None:
+        """Delete the directories this engine wrote beyond the newest ``keep`` (a running request may re-read an
+        adapter evicted from the server's slots)."""
+        keep = self.keep if keep is None else keep
+        while len(self.written) > keep:
+            shutil.rmtree(self.written.pop(0), ignore_errors=True)
+
+    def close(self) -> None:
+        for path in self.written:
+            shutil.rmtree(path, ignore_errors=True)
+        self.written = []
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+__all__ = ["RemoteEngineError", "ServedEngine", "ServedEngineError", "adapter_name", "version_of"]

@@ -1,0 +1,37 @@
+"""Launching a server for engine.kind=served: the command and environment, and one-line errors naming the log
+when the process exits or never becomes healthy (a stand-in process: no vLLM needed)."""
+
+import sys
+
+import pytest
+
+from ctu.engines.served_launch import LaunchedServer, ServerStartError, free_port, server_command, server_env
+
+
+def test_command_and_environment_carry_what_weight_syncs_need():
+    cmd = server_command("/m", "tiny", 8000, python="/py", dtype="float32", lora_rank=8, max_loras=3)
+    assert cmd[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert " ".join(cmd).endswith("--logprobs-mode processed_logprobs --enable-lora --max-lora-rank 8 --max-loras 3")
+    env = server_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PATH": "/bin"}, "sk-key")
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["VLLM_API_KEY"] == "sk-key" and "sk-key" not in " ".join(cmd)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+
+
+def test_a_server_that_exits_is_one_line_naming_its_log(tmp_path):
+    log = tmp_path / "engine" / "vllm-server.log"
+    server = LaunchedServer([sys.executable, "-c", "print('boom: no such model'); raise SystemExit(3)"], {}, log,
+                            free_port())
+    with pytest.raises(ServerStartError) as caught:
+        server.wait_healthy(60, progress=lambda _: None, poll_s=0.1)
+    message = str(caught.value)
+    assert "exited with code 3" in message and str(log) in message and "boom: no such model" in message
+    assert "\n" not in message
+
+
+def test_a_server_never_healthy_is_stopped_after_the_timeout(tmp_path):
+    said = []
+    server = LaunchedServer([sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "s.log", free_port())
+    with pytest.raises(ServerStartError, match=r"not healthy after 1.5s \(engine.launch_timeout_s\)"):
+        server.wait_healthy(1.5, progress=said.append, every_s=0.5, poll_s=0.2)
+    assert server.process.poll() is not None and said and "waiting for the vLLM server" in said[0]
