@@ -49,6 +49,7 @@ class Completion:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
+    version: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
