@@ -53,7 +53,7 @@ def test_appending_agent_gives_one_sample_equal_to_the_loops_token_sequence(case
 def test_any_requests_split_where_a_prompt_does_not_extend_and_lose_no_sampled_token(raw):
     records = [TurnRecord(tuple(p), tuple(s), tuple(-1.0 for _ in s), v) for p, s, v in raw]
     samples = stitch(records)
-    breaks = sum(not extends(a.prompt_ids + a.completion_ids, b.prompt_ids) for a, b in zip(records, records[1:]))
+    breaks = sum(not extends(a.prompt_ids + a.completion_ids, b.prompt_ids) for a, b in zip(records, records[1:], strict=False))
     assert len(samples) == 1 + breaks
     assert sum(s.turns for s in samples) == len(records)
     sampled = [t for s in samples for t, m in zip(s.response_ids, s.loss_mask, strict=True) if m]
