@@ -45,7 +45,7 @@ class ExternalEpisode:
     seen: list[int] = field(default_factory=list)  # the last prompt + sampled ids
     tools_sent: list[dict[str, Any]] | None = None  # the tools of the last request
     last_finish: str | None = None
-    context_exceeded: bool = False
+    stopped: str | None = None  # "length" / "context": ended by the proxy, as ctu's loop ends an episode
     agent_reward: float | None = None
     parse_failures: int = 0
     tool_calls: int = 0
@@ -132,6 +132,8 @@ class ExternalEpisodes:
 
     async def step(self, episode_id: str, turn: AgentTurn) -> dict[str, Any]:
         state = self.get(episode_id)
+        if state.stopped is not None:  # the last turn was cut by max_tokens: over, as in ctu's loop
+            return {"observations": [], "done": True, "termination": state.stopped}
         if state.env.done:
             raise WireError(409, f"episode {episode_id!r} is over ({state.env.termination})", None, "episode_done")
         result = await state.env.step(turn)
@@ -157,11 +159,14 @@ class ExternalEpisodes:
         state = self.get(episode_id)
         if self.batcher is None:
             raise WireError(409, "no rollout is running on this proxy", None, "not_running")
+        if state.env.done or state.stopped is not None:
+            raise WireError(409, f"episode {episode_id!r} is over ({state.env.termination or state.stopped})",
+                            None, "episode_done")
         messages, tools = wire.request_conversation(body)
         prompt = self._prompt(state, messages, tools)
         budget = self.limits.max_context_tokens - len(prompt)
         if budget <= 0:
-            state.context_exceeded = True
+            state.stopped = "context"
             raise WireError(400, f"the prompt is {len(prompt)} tokens, at or over env.max_context_tokens="
                                  f"{self.limits.max_context_tokens}", "messages", "context_length_exceeded")
         wanted = wire.requested_max_tokens(body) or self.params.max_tokens
@@ -182,6 +187,9 @@ class ExternalEpisodes:
         message = wire.assistant_message(parsed, episode_id, turn)
         state.history, state.seen, state.tools_sent = [*messages, message], prompt + ids, tools
         state.last_finish = completion.finish_reason
+        if completion.finish_reason == "length":  # cut mid-turn: no end-of-turn token; ctu's loop ends here too
+            state.env.messages.append({"role": "assistant", "content": parsed.content})
+            state.stopped = "context" if budget < min(self.params.max_tokens, wanted) else "length"
         logprobs_out = None
         if body.get("logprobs"):
             logprobs_out = wire.logprobs_block([self.chat.tokenizer.decode([t]) for t in ids], logprobs)
@@ -201,7 +209,7 @@ class ExternalEpisodes:
                 self.batcher.release(sample.prompt_ids + sample.response_ids)
         main = samples[-1] if samples else TokenSample([], [], [], [], [])
         stop_reason, error = stop_of(state, agent_error)
-        termination = env.termination if env.done else ("context" if stop_reason == "context" else "agent_exit")
+        termination = env.termination if env.done else (state.stopped or "agent_exit")
         verdicts = None
         if stop_reason != "error":
             try:
@@ -233,8 +241,6 @@ def stop_of(state: ExternalEpisode, agent_error: str | None) -> tuple[str, str |
         return "error", env.error
     if env.termination == "max_turns":
         return "max_turns", None
-    if state.context_exceeded and not env.done:
-        return "context", None
-    if state.last_finish == "length" and not env.done:
-        return "length", None
+    if state.stopped is not None and not env.done:
+        return state.stopped, None
     return "done", None

@@ -33,8 +33,10 @@ class ScriptEngine(Engine):
             self.prompts.append(list(prompt))
             text = self.texts.pop(0)
             ids = [i for c in text[0] for i in self.chat.encode(c)] if isinstance(text, tuple) else self.chat.encode(text)
-            ids = ids[: params.max_tokens - 1] + [self.chat.stop_token_ids[0]]
-            out.append([Completion(tuple(ids), tuple(-0.5 for _ in ids), "stop", version=3)])
+            ids += [self.chat.stop_token_ids[0]]
+            reason = "length" if len(ids) > params.max_tokens else "stop"
+            ids = ids[: params.max_tokens]
+            out.append([Completion(tuple(ids), tuple(-0.5 for _ in ids), reason, version=3)])
         return out
 
     def update_weights(self, named_tensors, version=None):
@@ -152,3 +154,16 @@ def test_a_prompt_over_the_context_budget_is_refused_and_the_episode_stops_for_c
     assert exc.value.body["code"] == "context_length_exceeded"
     trajectory = proxy.call(proxy.episodes.finish("ep1"))
     assert (trajectory.stop_reason, trajectory.termination, trajectory.reward) == ("context", "context", 0.0)
+
+
+def test_a_turn_cut_by_max_tokens_ends_the_episode_as_ctus_loop_does(served):
+    proxy, _, client = served(["Hello there, how can I help you today?"])
+    reply = client.chat.completions.create(model="ctu", messages=start(proxy)["messages"], user="ep1", max_tokens=3)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
+    step = httpx.post(proxy.env_url("ep1") + "/step", json={"message": reply.choices[0].message.model_dump()}).json()
+    assert step == {"observations": [], "done": True, "termination": "length"}
+    with pytest.raises(openai.ConflictError, match="is over"):
+        client.chat.completions.create(model="ctu", messages=start(proxy)["messages"], user="ep1")
+    trajectory = proxy.call(proxy.episodes.finish("ep1"))
+    assert (trajectory.stop_reason, trajectory.termination, trajectory.turns) == ("length", "length", 0)
+    assert trajectory.messages[-1] == {"role": "assistant", "content": reply.choices[0].message.content}
