@@ -27,6 +27,7 @@ from ctu.rl.advantages import informative_groups, scored_advantages
 from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
 from ctu.rollout import components as build
 from ctu.rollout.loop import EpisodeSpec, Trajectory, warn_prompt_budget
+from ctu.rollout.stitch import trajectory_samples
 from ctu.train.checkpoint import clean_stale, list_checkpoints, previous_run, resolve_resume
 from ctu.train.demos import demo_tasks, prepared_samples, warm_start_samples
 from ctu.train.sync import WeightSync
@@ -163,6 +164,8 @@ class Trainer:
             kind = config.engine.kind
             shared = getattr(self.group, "model", None) if kind == "hf" else None
             self.engine = build.build_engine(config, model=shared, tokenizer=self.group.tokenizer)
+            if config.agent.command:  # bring your own agent (docs/agents.md): its program plays each episode
+                from ctu.app.agent_pool import AgentPool as LocalPool  # noqa: N814 - a LocalPool whose run is the agent's
             self.pool = LocalPool.from_config(config, self.engine, self.chat, self.user, judge=self.judge)
         self.sync = WeightSync(config, self.group, self.pool)
         self.rebased = False  # the KL reference is the warm-started policy (stored in checkpoints)
@@ -273,10 +276,10 @@ class Trainer:
             rewards = TrainingRewards(rewards.env, tuple(r - k for r, k in zip(rewards.shaped, kl_penalties, strict=True)))
         advantages = scored_advantages(t.advantage, rewards.shaped, groups, excluded)  # out before baselines
         mask_length = self.config.filters.mask_length_stop
-        samples = [to_sample(trajectories[i].prompt_ids, trajectories[i].response_ids,
-                             filter_loss_mask(trajectories[i].loss_mask, trajectories[i].stop_reason,
-                                              mask_length_stop=mask_length),
-                             trajectories[i].logprobs, advantage) for i, advantage in sorted(advantages.items())]
+        samples = [to_sample(prompt, response, filter_loss_mask(mask, trajectories[i].stop_reason,
+                                                                mask_length_stop=mask_length), logprobs, advantage)
+                   for i, advantage in sorted(advantages.items())
+                   for prompt, response, mask, logprobs in trajectory_samples(trajectories[i])]  # one, or an agent's several
         samples = [s for s in samples if any(s.mask)]
         stats = self.group.update(samples, self.config.sampling.temperature,
                                   seed=self.config.run.seed * 1_000_003 + self.step)

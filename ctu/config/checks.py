@@ -124,6 +124,7 @@ def config_problems(config: Config) -> list[str]:
         problems += _budget_problems(section, getattr(config, section))
     problems += _update_problems(config)
     problems += _count_problems(config)
+    problems += _agent_problems(config)
     problems += url_problems(config)
     return problems
 
@@ -137,6 +138,21 @@ def _count_problems(config: Config) -> list[str]:
            if value is not None and value < 1]
     if config.user.patience < 1:
         out.append(f"user.patience: must be >= 1, got {config.user.patience}")
+    return out
+
+
+def _agent_problems(config: Config) -> list[str]:
+    """The ``agent`` section (bring your own agent, docs/agents.md)."""
+    a, out = config.agent, []
+    if a.concurrency < 1:
+        out.append(f"agent.concurrency: must be >= 1, got {a.concurrency}")
+    if a.timeout_s <= 0:
+        out.append(f"agent.timeout_s: must be > 0, got {a.timeout_s}")
+    if a.command is not None and not a.command.strip():
+        out.append("agent.command: empty; give the command that runs one episode (or null for ctu's own loop)")
+    if a.command and config.distributed.rollout_workers:
+        out.append("agent.command: the agent's episodes run beside this process's engine; set "
+                   "distributed.rollout_workers=0")
     return out
 
 

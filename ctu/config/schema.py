@@ -235,6 +235,16 @@ class DistributedConfig:
 
 
 @dataclass
+class AgentConfig:
+    """Bring your own agent (docs/agents.md): a program of yours plays each episode through ctu's OpenAI-compatible
+    proxy instead of ctu's own loop."""
+
+    command: str | None = None  # run once per episode, e.g. "python examples/byo_agent/agent.py"; null: ctu's loop
+    concurrency: int = 8  # agent processes at once
+    timeout_s: float = 600.0  # per episode: an agent still running then is stopped and its episode errored
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -250,6 +260,7 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     shaping: ShapingConfig = field(default_factory=ShapingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     def problems(self) -> list[str]:
         """Every value problem, one line each naming its key (the checks live in ``ctu.config.checks``)."""

@@ -52,6 +52,10 @@ class Trajectory:
     tool_calls: int
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    token_versions: list[int] = field(default_factory=list)
+    # earlier token samples of the episode (ctu.rollout.stitch.TokenSample): an external agent that rewrote its
+    # history (docs/agents.md); trained with the episode's advantage, before the trajectory's own tokens
+    extra_samples: list[Any] = field(default_factory=list)
 
     @property
     def success(self) -> bool:

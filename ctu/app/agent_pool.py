@@ -1,0 +1,170 @@
+"""Training a program of yours: a rollout pool whose episodes are played by ``agent.command`` (docs/agents.md).
+
+:class:`AgentPool` is :class:`~ctu.distributed.pool.LocalPool` (one engine in this process: weight syncs, parity,
+sleep/wake are the same) whose ``run`` does not play episodes itself. For each spec it opens an episode on the
+OpenAI-compatible proxy (:mod:`ctu.app.agent_proxy`), starts the agent command once for it (at most
+``agent.concurrency`` at a time) with the episode's addresses in its environment, waits for it to exit, and
+returns the episode's stitched, scored trajectory. An agent that exits non-zero or outlives ``agent.timeout_s``
+gives an errored episode (never a reward of 0); its output is kept in ``<run.dir>/agent/logs/<episode>.log``.
+Every trajectory, tokens included, is appended to ``<run.dir>/agent/episodes.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ctu.app.agent_proxy import AgentProxy
+from ctu.distributed.pool import LocalPool, NamedTensors, limits_of
+from ctu.engines.base import Engine, SamplingParams
+from ctu.rollout.external import ExternalEpisodes
+from ctu.rollout.loop import EpisodeSpec, RolloutLimits, Trajectory
+
+API_KEY = "ctu-local"  # the proxy checks no key; the OpenAI SDK wants one
+
+
+@dataclass
+class AgentRun:
+    """One agent process playing one episode."""
+
+    episode_id: str
+    process: subprocess.Popen
+    log_path: Path
+    started: float
+
+    def outcome(self, timeout_s: float) -> tuple[bool, str | None]:
+        """``(finished, error)``: still running -> (False, None); exited 0 -> (True, None)."""
+        code = self.process.poll()
+        if code is None:
+            if time.monotonic() - self.started <= timeout_s:
+                return False, None
+            self.stop()
+            return True, f"agent timed out after {timeout_s:g}s (agent.timeout_s); output in {self.log_path}"
+        if code != 0:
+            return True, f"agent exited with status {code}: {last_line(self.log_path)} (output in {self.log_path})"
+        return True, None
+
+    def stop(self) -> None:
+        """Stop the agent and everything it started (its own process group)."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait()
+
+
+def last_line(path: Path, limit: int = 300) -> str:
+    """The last non-empty line of a log (the agent's error, normally), cut to ``limit`` characters."""
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no output"
+    return lines[-1][:limit] if lines else "no output"
+
+
+def agent_environment(proxy: AgentProxy, episode_id: str, spec: EpisodeSpec) -> dict[str, str]:
+    """What the agent process is told (on top of ctu's own environment)."""
+    return {"OPENAI_BASE_URL": proxy.base_url, "OPENAI_API_KEY": API_KEY, "CTU_EPISODE_ID": episode_id,
+            "CTU_ENV_URL": proxy.env_url(episode_id), "CTU_MODEL": proxy.episodes.model_name,
+            "CTU_DOMAIN": spec.domain.name, "CTU_TASK_ID": spec.task.id}
+
+
+class AgentPool(LocalPool):
+    """Episodes played by the user's agent command through the proxy (see the module docstring)."""
+
+    def __init__(self, engine: Engine, chat, user, limits: RolloutLimits, *, command: str, run_dir: str | Path,
+                 concurrency: int = 8, timeout_s: float = 600.0, judge=None, max_batch_size: int = 64):
+        super().__init__(engine, chat, user, limits, judge=judge, concurrency=concurrency,
+                         max_batch_size=max_batch_size)
+        self.command = shlex.split(command)
+        self.timeout_s = timeout_s
+        self.dir = Path(run_dir) / "agent"
+        self.episodes = ExternalEpisodes(chat, engine, user, limits, max_batch_size=max_batch_size)
+        self.proxy = AgentProxy(self.episodes).start()
+        self.calls = 0
+
+    @classmethod
+    def from_config(cls, config, engine: Engine, chat, user, judge=None) -> AgentPool:
+        a = config.agent
+        return cls(engine, chat, user, limits_of(config), command=a.command, run_dir=config.run.dir,
+                   concurrency=a.concurrency, timeout_s=a.timeout_s, judge=judge,
+                   max_batch_size=config.engine.max_batch_size)
+
+    def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int,
+            judge_enabled: bool = False, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        call, self.calls = self.calls, self.calls + 1
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        judge = self.judge if judge_enabled else None
+        out: list[Trajectory | None] = [None] * len(specs)
+        waiting, running = deque(range(len(specs))), {}
+        self.proxy.call(lambda: self.episodes.begin(params))
+        try:
+            while waiting or running:
+                while waiting and len(running) < self.concurrency:
+                    i = waiting.popleft()
+                    running[i] = self._launch(f"r{call}-e{i}", specs[i], seed + i)
+                time.sleep(0.01)
+                for i, agent in list(running.items()):
+                    finished, error = agent.outcome(self.timeout_s)
+                    if not finished:
+                        continue
+                    del running[i]
+                    out[i] = self._finish(agent, error, judge, call)
+                    if on_done is not None:
+                        on_done(out[i])
+        finally:
+            for agent in running.values():  # interrupted: no agent outlives the run
+                agent.stop()
+                self.proxy.call(self.episodes.finish(agent.episode_id, "interrupted"))
+            self.proxy.call(self.episodes.end)
+        return [t for t in out if t is not None]
+
+    def _launch(self, episode_id: str, spec: EpisodeSpec, seed: int) -> AgentRun:
+        self.proxy.call(self.episodes.open(episode_id, spec, seed))
+        log_path = self.dir / "logs" / f"{episode_id}.log"
+        with log_path.open("wb") as log:
+            try:
+                process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True,
+                                           env={**os.environ, **agent_environment(self.proxy, episode_id, spec)})
+            except OSError as exc:
+                self.proxy.call(self.episodes.finish(episode_id, "not started"))
+                raise OSError(f"agent.command: cannot start {self.command[0]!r}: {exc}") from None
+        return AgentRun(episode_id, process, log_path, time.monotonic())
+
+    def _finish(self, agent: AgentRun, error: str | None, judge, call: int) -> Trajectory:
+        agent_s = time.monotonic() - agent.started
+        trajectory = self.proxy.call(self.episodes.finish(agent.episode_id, error, judge, agent_s))
+        if error is None:
+            agent.log_path.unlink(missing_ok=True)  # kept only where the agent failed
+        row = {"call": call, "episode_id": agent.episode_id, **trajectory.to_json(with_tokens=True),
+               "logprobs": trajectory.logprobs, "token_versions": trajectory.token_versions,
+               "extra_samples": [s.to_json() for s in trajectory.extra_samples]}
+        if error is not None:
+            row["log"] = str(agent.log_path)
+        with (self.dir / "episodes.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        return trajectory
+
+    def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        super().update_weights(named_tensors, version)
+        self.episodes.version = version
+
+    def update_adapter(self, named_tensors: NamedTensors, version: int) -> None:
+        super().update_adapter(named_tensors, version)
+        self.episodes.version = version
+
+    def close(self) -> None:
+        try:
+            self.proxy.close()
+        finally:
+            super().close()

@@ -1,0 +1,170 @@
+"""The bring-your-own-agent proxy: an OpenAI-compatible HTTP endpoint in front of any ctu engine (docs/agents.md).
+
+A small HTTP server on 127.0.0.1 (stdlib, a thread per connection) in front of :class:`ExternalEpisodes`, which
+runs on the proxy's own asyncio loop in a background thread (so concurrent agents' requests are batched into one
+engine call, as ctu's loop batches its episodes). Routes:
+
+- ``POST /v1/chat/completions``: OpenAI chat completions with ``tools``; the episode is named by the header
+  ``X-Episode-Id`` or else the request's ``user`` field (400 without either). ``GET /v1/models`` lists one model.
+- ``GET|POST /ctu/episodes/{id}/start``: the episode's opening ``messages`` (system prompt with the policy, the
+  greeting, the user's first message), its ``tools`` (OpenAI schemas), domain and task id.
+- ``POST /ctu/episodes/{id}/step`` ``{"message": <the assistant message>}``: the environment takes the turn (runs
+  its tool calls, or sends its text to the simulated user) and returns ``observations`` (the tool/user messages to
+  append), ``done`` and ``termination``. ``/tool`` ``{"name", "arguments", "id"}`` and ``/user`` ``{"content"}``
+  are one-call / one-text shorthands for a step (each is one turn).
+- ``POST /ctu/episodes/{id}/reward`` ``{"reward": 0.5}``: the agent's own reward replaces the environment's.
+
+Errors are OpenAI-shaped ``{"error": {"message", "type", "param", "code"}}`` with one line naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ctu.episode.env import AgentTurn, ToolCall
+from ctu.rollout.external import ExternalEpisodes, agent_turn, tool_arguments
+from ctu.rollout.openai_wire import WireError
+
+_EPISODE_ROUTE = re.compile(r"^/ctu/episodes/([^/]+)/(start|step|tool|user|reward)$")
+
+
+class AgentProxy:
+    """The HTTP server and the asyncio loop it hands work to; ``with AgentProxy(...)`` starts and stops both."""
+
+    def __init__(self, episodes: ExternalEpisodes, host: str = "127.0.0.1", port: int = 0):
+        self.episodes = episodes
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self.loop.run_forever, name="ctu-agent-proxy-loop", daemon=True)
+        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
+        self.httpd.daemon_threads = True
+        self._http_thread = threading.Thread(target=self.httpd.serve_forever, name="ctu-agent-proxy-http",
+                                             daemon=True)
+        self.url = f"http://{host}:{self.httpd.server_address[1]}"
+        self.started = False
+
+    @property
+    def base_url(self) -> str:
+        """What an OpenAI client takes as ``base_url`` (``OPENAI_BASE_URL``)."""
+        return f"{self.url}/v1"
+
+    def env_url(self, episode_id: str) -> str:
+        return f"{self.url}/ctu/episodes/{episode_id}"
+
+    def start(self) -> AgentProxy:
+        if not self.started:
+            self._loop_thread.start()
+            self._http_thread.start()
+            self.started = True
+        return self
+
+    def call(self, work: Callable[[], Any] | Any, timeout: float | None = None) -> Any:
+        """Run a coroutine (or a plain function) on the proxy's loop and wait for its result."""
+        async def run():
+            return await work if asyncio.iscoroutine(work) else work()
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
+
+    def close(self) -> None:
+        if self.started:
+            self.httpd.shutdown()
+            self.call(self.episodes.end)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._loop_thread.join(timeout=5)
+            self.started = False
+        self.httpd.server_close()
+
+    def __enter__(self) -> AgentProxy:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- requests ------------------------------------------------------------------------------
+    def handle(self, method: str, path: str, headers, body: Any) -> tuple[int, dict[str, Any]]:
+        """``(status, JSON body)`` of one request; the server thread waits here for the loop."""
+        try:
+            return 200, self._route(method, path.split("?", 1)[0].rstrip("/"), headers, body)
+        except WireError as exc:
+            return exc.status, exc.body()
+        except Exception as exc:  # the engine or the environment failed: the agent learns why, in one line
+            text = " ".join(f"{type(exc).__name__}: {exc}".split())
+            return 500, WireError(500, f"ctu proxy: {text}").body()
+
+    def _route(self, method: str, path: str, headers, body: Any) -> dict[str, Any]:
+        if path == "/v1/models" and method == "GET":
+            return {"object": "list", "data": [{"id": self.episodes.model_name, "object": "model", "created": 0,
+                                                "owned_by": "ctu"}]}
+        if path == "/v1/chat/completions" and method == "POST":
+            episode_id = headers.get("X-Episode-Id") or (body.get("user") if isinstance(body, dict) else None)
+            self.episodes.get(episode_id)  # 400/404 before the body is read further
+            return self.call(self.episodes.complete(episode_id, body))
+        match = _EPISODE_ROUTE.match(path)
+        if match is None:
+            raise WireError(404, f"no route {method} {path} (see docs/agents.md)")
+        episode_id, action = match.groups()
+        if action == "start":
+            return self.call(lambda: self.episodes.start_info(episode_id))
+        if method != "POST":
+            raise WireError(405, f"{path}: use POST")
+        if action == "reward":
+            return self.call(lambda: self.episodes.post_reward(episode_id, body))
+        if not isinstance(body, dict):
+            raise WireError(400, "the request body must be a JSON object")
+        return self.call(self._step(episode_id, action, body))
+
+    async def _step(self, episode_id: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        if action == "step":
+            turn = agent_turn(body.get("message"))
+        elif action == "tool":
+            if not isinstance(body.get("name"), str):
+                raise WireError(400, "name: the tool's name is required", "name")
+            call = ToolCall(body["name"], tool_arguments(body.get("arguments")), body.get("id") or "")
+            turn = AgentTurn(tool_calls=(call,))
+        else:
+            if not isinstance(body.get("content"), str):
+                raise WireError(400, "content: the message to the user is required", "content")
+            turn = AgentTurn(content=body["content"])
+        out = await self.episodes.step(episode_id, turn)
+        if action != "step":
+            kind = "tool" if action == "tool" else "user"
+            texts = [m.get("content") for m in out["observations"] if m.get("role") == kind]
+            out["content"] = texts[-1] if texts else None
+        return out
+
+
+def _handler(proxy: AgentProxy) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: the OpenAI SDK pools its connection
+
+        def _serve(self, method: str) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw.strip() else {}
+            except ValueError as exc:
+                status, payload = 400, WireError(400, f"the request body is not JSON: {exc}").body()
+            else:
+                status, payload = proxy.handle(method, self.path, self.headers, body)
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            self._serve("GET")
+
+        def do_POST(self):  # noqa: N802
+            self._serve("POST")
+
+        def log_message(self, *args):  # quiet: the run's logs are ctu's own
+            pass
+
+    return Handler

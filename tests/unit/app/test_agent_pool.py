@@ -1,0 +1,81 @@
+"""AgentPool: the user's agent command plays each episode; a crash or a timeout is an errored episode (never a
+reward of 0) with the agent's output kept in the run dir; a finished one is recorded with its tokens."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from ctu.app.agent_pool import AgentPool
+from ctu.domains import get_domain
+from ctu.engines.base import SamplingParams
+from ctu.episode.users.scripted import ScriptedUser
+from ctu.rollout.loop import EpisodeSpec, RolloutLimits
+from tests.unit.app.test_agent_proxy import ScriptEngine
+
+AGENT = Path(__file__).resolve().parents[3] / "examples" / "byo_agent" / "agent.py"
+
+
+@pytest.fixture
+def pool(chat_format, tmp_path):
+    made = []
+
+    def make(command, texts=(), timeout_s=60.0):
+        made.append(AgentPool(ScriptEngine(chat_format, texts), chat_format, ScriptedUser(), RolloutLimits(4, 5, 4096),
+                              command=command, run_dir=tmp_path, concurrency=2, timeout_s=timeout_s))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def specs(n=1):
+    domain = get_domain("mini")
+    return [EpisodeSpec(domain, domain.task("mini-0000"), i) for i in range(n)]
+
+
+def test_an_agent_that_crashes_gives_an_errored_episode_with_its_output_kept(pool, tmp_path):
+    crash = f"{sys.executable} -c \"import sys; print('agent: no luck', file=sys.stderr); sys.exit(3)\""
+    (trajectory,) = pool(crash).run(specs(), SamplingParams(max_tokens=32, seed=0), seed=0)
+    assert trajectory.stop_reason == "error" and not trajectory.success
+    assert "exited with status 3: agent: no luck" in trajectory.error
+    log = tmp_path / "agent" / "logs" / "r0-e0.log"
+    assert str(log) in trajectory.error and "no luck" in log.read_text()
+    row = json.loads((tmp_path / "agent" / "episodes.jsonl").read_text())
+    assert row["stop_reason"] == "error" and row["log"] == str(log)
+
+
+def test_an_agent_past_its_timeout_is_stopped_and_its_episode_errored(pool):
+    sleeper = f"{sys.executable} -c \"import time; time.sleep(60)\""
+    (trajectory,) = pool(sleeper, timeout_s=0.5).run(specs(), SamplingParams(max_tokens=32, seed=0), seed=0)
+    assert trajectory.stop_reason == "error" and "timed out after 0.5s (agent.timeout_s)" in trajectory.error
+
+
+def test_the_example_agent_plays_episodes_through_the_proxy(pool, tmp_path):
+    texts = ['<tool_call>\n{"name": "get_order", "arguments": {"order_id": "O1082"}}\n</tool_call>',
+             "Order O1082 is pending."] * 2
+    trajectories = pool(f"{sys.executable} {AGENT}", texts).run(specs(2), SamplingParams(max_tokens=64, seed=0), seed=0)
+    assert [t.stop_reason for t in trajectories] == ["done", "done"]
+    assert all(t.termination == "user_stop" and t.tool_calls == 1 and t.turns == 2 for t in trajectories)
+    assert [m["role"] for m in trajectories[0].messages][-4:] == ["assistant", "tool", "assistant", "user"]
+    rows = [json.loads(line) for line in (tmp_path / "agent" / "episodes.jsonl").read_text().splitlines()]
+    assert sorted(r["episode_id"] for r in rows) == ["r0-e0", "r0-e1"]
+    assert not list((tmp_path / "agent" / "logs").iterdir())
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("agent.concurrency=0", "agent.concurrency: must be >= 1, got 0"),
+    ("agent.timeout_s=0", "agent.timeout_s: must be > 0, got 0.0"),
+    ("agent.command=' '", "agent.command: empty"),
+])
+def test_agent_settings_are_checked_naming_the_key(override, message):
+    from ctu.config.schema import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+    with pytest.raises(ConfigError, match="set distributed.rollout_workers=0"):
+        load_config(None, ["agent.command=python agent.py", "distributed.rollout_workers=1"])
