@@ -218,6 +218,9 @@ def _async_problems(config: Config) -> list[str]:
     if needs:
         return [f"trainer.max_staleness: {k} runs the background rollout worker with the in-process trainer and "
                 f"hf engine: set {', '.join(needs)}, or trainer.max_staleness=0"]
+    if config.trainer.tis_cap is None:  # without it one epoch's update is on-policy for the trainer, not the sampler
+        return [f"trainer.tis_cap: trainer.max_staleness={k} trains on tokens sampled by older weights; set a cap "
+                "(e.g. trainer.tis_cap=2.0) so the loss weighs each token by min(pi_old / pi_sampler, cap)"]
     return []
 
 

@@ -160,6 +160,8 @@ class RolloutProducer:
             asyncio.run(self._produce())
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which raises it
             self.done.put(exc)
+        else:  # stopped: a take after this fails instead of waiting for ever
+            self.done.put(RuntimeError("the rollout producer was stopped: no more groups"))
         finally:
             with self._cond:
                 self.running = 0

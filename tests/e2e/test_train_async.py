@@ -62,10 +62,10 @@ def test_max_staleness_0_is_the_synchronous_loop_number_for_number(tmp_path, mon
 
 def test_ctu_train_three_steps_at_max_staleness_1_records_the_async_metrics(tmp_path):
     run_dir = tmp_path / "run"
-    assert main(["train", "configs/quickstart.yaml", *overrides(run_dir, "trainer.max_steps=3",
-                                                                 "trainer.max_staleness=1")]) == 0
+    k1 = ["trainer.max_staleness=1", "trainer.tis_cap=2.0", "trainer.eval_interval=2"]  # an evaluation mid-run
+    assert main(["train", "configs/quickstart.yaml", *overrides(run_dir, "trainer.max_steps=3", *k1)]) == 0
     rows = read_metrics(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2, 3] and any(k.startswith("eval/") for k in rows[1])
     for r in rows:
         assert r["rollout/trained_groups"] == 2 and r["sync/version"] == r["step"]
         assert 0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= 1
@@ -74,3 +74,16 @@ def test_ctu_train_three_steps_at_max_staleness_1_records_the_async_metrics(tmp_
             assert key in r, key
     assert (run_dir / "checkpoints" / "step_3").is_dir() and (run_dir / "eval" / "step_3" / "report.json").is_file()
     assert not producer_threads()  # the run stopped its worker
+
+
+@pytest.mark.slow
+def test_a_resumed_async_run_trains_first_on_the_resumed_weights_rollouts(tmp_path):
+    """The rollouts in flight at a stop are not kept: the first step after a resume trains only on tokens the
+    resumed weights sampled (staleness 0), and the run goes on."""
+    run_dir = tmp_path / "run"
+    k1 = ["trainer.max_staleness=1", "trainer.tis_cap=2.0"]
+    assert main(["train", "configs/quickstart.yaml", *overrides(run_dir, "trainer.max_steps=2", *k1)]) == 0
+    assert main(["train", "configs/quickstart.yaml", *overrides(run_dir, "trainer.max_steps=4", "trainer.resume=latest",
+                                                                 *k1)]) == 0
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[2]["async/staleness_max"] == 0
