@@ -57,8 +57,6 @@ class AsyncRollouts:
     def collect(self):
         """The synchronous ``Trainer.collect``'s answer for step ``trainer.step``: (trajectories, their group ids,
         rewards, the groups to train on, extra groups taken by dynamic sampling)."""
-        from ctu.app.trainer import TrainingRewards
-
         tr = self.trainer
         t, step = tr.config.trainer, tr.step
         producer = self._producer()
@@ -76,6 +74,7 @@ class AsyncRollouts:
             taken += 1
             batch = group.trajectories
             rewards = tr.rewards(batch)
+            kind = type(rewards)  # the trainer's TrainingRewards (imported from there, ctu.app.trainer would cycle)
             first = batch[0]
             gid = f"{first.domain}/{first.task_id}/a{group.index}"
             trajectories += batch
@@ -94,7 +93,7 @@ class AsyncRollouts:
                       "trainer_wait_s": waited, "groups_in_flight": producer.running,
                       "groups_queued": producer.done.qsize()}
         extra = taken - len(chosen) if t.dynamic_sampling else 0
-        return trajectories, groups, TrainingRewards(tuple(env), tuple(shaped)), set(chosen), extra
+        return trajectories, groups, kind(tuple(env), tuple(shaped)), set(chosen), extra
 
     def step_metrics(self, step_s: float) -> dict[str, float]:
         """This step's ``async/*`` metrics, ``step_s`` its wall time: staleness and drops, and how long trainer and

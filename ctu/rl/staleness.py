@@ -3,9 +3,9 @@
 Policy version ``v`` is the number of optimizer updates applied: the initial (or warm-started) weights are version
 0, and step ``s`` (1-based) updates version ``s - 1`` to ``s``. With ``trainer.max_staleness = k`` step ``s`` trains
 on a group only if every token the policy sampled in every episode of the group has a version ``>= s - 1 - k``
-(:func:`oldest_allowed`); a token's staleness at step ``s`` is ``s - 1 - version``. Versions come from
-:attr:`ctu.rollout.loop.Trajectory.token_versions` (-1 where the policy sampled nothing); a sampled token without a
-version (an engine that does not stamp) is of unknown age and never fresh.
+(:func:`oldest_allowed`); a token's staleness at step ``s`` is ``s - 1 - version``. Versions come from the
+``token_versions`` of :class:`ctu.rollout.loop.Trajectory` (-1 where the policy sampled nothing); a sampled token
+without a version (an engine that does not stamp) is of unknown age and never fresh.
 """
 
 from __future__ import annotations
