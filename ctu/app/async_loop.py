@@ -86,7 +86,8 @@ class AsyncRollouts:
                 chosen.append(gid)
         if step >= t.max_steps:  # nothing more will be trained on: the episodes in flight are cancelled
             producer.stop()
-        trained = [e for e, g in zip(trajectories, groups, strict=True) if g in set(chosen)]
+        kept = set(chosen)
+        trained = [e for e, g in zip(trajectories, groups, strict=True) if g in kept]
         staleness = token_staleness(trained, step)
         self.stats = {"dropped_groups": dropped, "dropped_episodes": dropped_episodes,
                       "staleness_mean": mean(staleness), "staleness_max": max(staleness, default=0),

@@ -12,7 +12,9 @@ from ctu.config.schema import load_config
 from ctu.observe.tracking import read_metrics
 from tests.e2e.test_train import JUDGE, judge_reply
 
-# /tmp/async_golden/golden.py at 3e5ec1e (docs/async.md): two steps, tiny-random, quickstart overrides, shaped rewards
+# Recorded at commit 3e5ec1e, before trainer.max_staleness existed: Trainer(load_config("configs/quickstart.yaml",
+# overrides(run_dir, "trainer.max_steps=2"))).run() with this module's judge; weights: sum and sum of squares (float64)
+# of the trainable parameters after the run
 GOLDEN = {"rollout/reward": [0.0, 0.0], "rollout/shaped_reward": [0.09176470588235294, -0.02666666666666668],
           "train/loss": [1.4901161193847656e-08, -7.450580596923828e-09],
           "train/pg_loss": [1.4901161193847656e-08, -7.450580596923828e-09],
