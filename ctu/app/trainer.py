@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ctu.app.async_loop import AsyncRollouts
 from ctu.app.evaluate import PHASE_WORDS, NothingScored, all_errored, episode_specs, progress_bar, write_report
 from ctu.app.resume import prepare_resume, recorded_final
 from ctu.config.runlock import RunDirLock
@@ -159,17 +160,20 @@ class Trainer:
                                 num_cpus=config.distributed.worker_cpus,
                                 placement=getattr(self.group, "rollout_placement", None))
         else:  # this process: an in-process hf engine shares the policy's weights
+            from ctu.distributed.async_rollout import AsyncLocalPool, engine_model  # async: an engine of its own
             from ctu.distributed.pool import LocalPool
 
-            kind = config.engine.kind
-            shared = getattr(self.group, "model", None) if kind == "hf" else None
+            shared = engine_model(self.group, config) if config.engine.kind == "hf" else None
             self.engine = build.build_engine(config, model=shared, tokenizer=self.group.tokenizer)
             if config.agent.command:  # bring your own agent (docs/agents.md): its program plays each episode
-                from ctu.app.agent_pool import AgentPool as LocalPool  # noqa: N814 - a LocalPool whose run is the agent's
-            self.pool = LocalPool.from_config(config, self.engine, self.chat, self.user, judge=self.judge)
+                from ctu.app.agent_pool import AgentPool as pool
+            else:  # trainer.max_staleness > 0: a background rollout worker (docs/async.md)
+                pool = AsyncLocalPool if config.trainer.max_staleness else LocalPool
+            self.pool = pool.from_config(config, self.engine, self.chat, self.user, judge=self.judge)
         self.sync = WeightSync(config, self.group, self.pool)
         self.rebased = False  # the KL reference is the warm-started policy (stored in checkpoints)
         self.step = 0
+        self.rollouts = AsyncRollouts.of(self)  # trainer.max_staleness > 0: the background rollout worker, else None
         self.shaper = None
         if config.shaping.enabled:
             from ctu.train.shaping import JudgeShaper
@@ -231,6 +235,8 @@ class Trainer:
         until ``tasks_per_step`` groups are informative or ``dynamic_sampling_max_draws`` extra draws are
         spent; the first ``tasks_per_step`` informative groups are trained on. Every episode drawn is kept
         for the step's metrics."""
+        if self.rollouts is not None:  # trainer.max_staleness > 0: groups from the background worker
+            return self.rollouts.collect()
         t = self.config.trainer
         trajectories: list[Trajectory] = []
         groups: list[str] = []
@@ -306,6 +312,8 @@ class Trainer:
                        "step_s": time.perf_counter() - started, "peak_rss_gib": peak_rss_gib(),
                        "tokens_per_s": tokens / max(1e-9, time.perf_counter() - started)},
         }
+        if self.rollouts is not None:
+            metrics["async"] = self.rollouts.step_metrics(metrics["timing"]["step_s"])
         return {"metrics": metrics, "trajectories": trajectories}
 
     def warm_start(self, demos=None) -> float | None:

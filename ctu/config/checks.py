@@ -202,6 +202,7 @@ def _update_problems(config: Config) -> list[str]:
             out.append(f"lora.rank: vLLM serves LoRA adapters of rank {', '.join(map(str, VLLM_LORA_RANKS))} "
                        f"(its max_lora_rank), got {config.lora.rank}; pick one or use engine.weight_sync=merged")
     d = config.distributed
+    out += _async_problems(config)
     if d.rollout_workers < 0:
         out.append(f"distributed.rollout_workers: must be >= 0, got {d.rollout_workers}")
     if d.rollout_workers and (e.kind not in ("hf", "vllm") or weight_sync_mode(config) != "merged"):
@@ -219,6 +220,26 @@ def _update_problems(config: Config) -> list[str]:
             out.append(f"distributed.{key}: must be > 0, got {getattr(d, key)}")
 
     return out
+
+
+def _async_problems(config: Config) -> list[str]:
+    """``trainer.max_staleness``: k > 0 runs a background rollout worker beside the in-process trainer and hf engine."""
+    k, d = config.trainer.max_staleness, config.distributed
+    if k < 0:
+        return [f"trainer.max_staleness: must be >= 0, got {k}"]
+    if k == 0:
+        return []
+    needs = [f"engine.kind=hf or served (got {config.engine.kind})" if config.engine.kind not in ("hf", "served") else "",
+             f"distributed.rollout_workers=0 (got {d.rollout_workers})" if d.rollout_workers else "",
+             f"distributed.trainer_workers=0 (got {d.trainer_workers})" if d.trainer_workers else ""]
+    needs = [n for n in needs if n]
+    if needs:
+        return [f"trainer.max_staleness: {k} runs the background rollout worker with the in-process trainer and "
+                f"an hf or served engine: set {', '.join(needs)}, or trainer.max_staleness=0"]
+    if config.trainer.tis_cap is None:  # without it one epoch's update is on-policy for the trainer, not the sampler
+        return [f"trainer.tis_cap: trainer.max_staleness={k} trains on tokens sampled by older weights; set a cap "
+                "(e.g. trainer.tis_cap=2.0) so the loss weighs each token by min(pi_old / pi_sampler, cap)"]
+    return []
 
 
 def training_problems(config: Config) -> list[str]:

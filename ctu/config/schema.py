@@ -178,6 +178,9 @@ class TrainerConfig:
     tis_cap: float | None = None  # truncated importance weights for sampler/trainer mismatch
     dynamic_sampling: bool = False
     dynamic_sampling_max_draws: int = 4  # extra rollout rounds to fill tasks_per_step informative groups
+    # asynchronous RL (docs/async.md): 0 is the synchronous loop; k > 0 keeps sampling the next steps' groups in a
+    # background worker while the trainer updates, and a step trains only on groups sampled at most k versions ago
+    max_staleness: int = 0
     entropy_coef: float = 0.0
     gradient_checkpointing: bool = False
     # the trainer's passes (warm start, RL update) autocast to bf16 over the fp32 weights; the in-process engine

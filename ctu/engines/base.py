@@ -43,7 +43,8 @@ class Completion:
 
     ``finish_reason`` is "stop" when a stop token/string or EOS ended it, "length" when
     ``max_tokens`` did. ``token_ids`` may be empty (an immediate stop is still one token,
-    but a remote server may return nothing).
+    but a remote server may return nothing). ``version`` is the policy version (the engine's
+    :attr:`Engine.weights_version`) of the weights that sampled it; None where the engine does not know it.
     """
 
     token_ids: tuple[int, ...]

@@ -221,7 +221,9 @@ class HFEngine(Engine):
         if batch is not None:
             for j, row in enumerate(live):
                 self._keep(batch, row, past, mask, j, fed, out_ids)
-        return [Completion(tuple(ids), tuple(lps), r or "length") for ids, lps, r in zip(out_ids, out_lp, reason, strict=True)]
+        version = self.weights_version  # read under the lock: update_weights cannot change it mid-batch
+        return [Completion(tuple(ids), tuple(lps), r or "length", version)
+                for ids, lps, r in zip(out_ids, out_lp, reason, strict=True)]
 
     def _prefix_kv(self, ids: tuple[int, ...]) -> kvr.Prefix | None:
         """The KV of a shared prefix (batch 1), or None when the model's cache cannot be reused (sliding windows)."""

@@ -212,16 +212,17 @@ class ServedEngine(RemoteEngine):
         from ctu.engines.vllm import write_peft_adapter
 
         name = adapter_name(version)
-        if name in self.loaded:
-            raise ValueError(f"adapter version {version} was already loaded: give every update a new version")
+        again = name in self.loaded  # the same version with new weights (the initial weights, then the warm start)
         path = self.weights_dir / f"{name}-{self.tag}"  # a path of this engine's own: vLLM's block hash includes it
         shutil.rmtree(path, ignore_errors=True)  # a resumed run's leftover of the same version
         write_peft_adapter(named_tensors, str(path), peft_config, self.lora_alpha)
         self.written.append(path)
-        response = self.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        body = {"lora_name": name, "lora_path": str(path), **({"load_inplace": True} if again else {})}
+        response = self.call("POST", "/v1/load_lora_adapter", body)
         if response.status_code != 200:
             raise self.fail(f"loading adapter '{name}' from {path}", response)
-        self.loaded.append(name)
+        if not again:
+            self.loaded.append(name)
         self.reset_prefix_cache(running=False)
         listed = self.listed_versions()
         if version not in listed:  # accepted but not served: keep serving what is, its stamp stops the run
@@ -230,8 +231,8 @@ class ServedEngine(RemoteEngine):
             return
         with self._lock:  # requests sent from now on name the new adapter
             self.served, self.weights_version = name, version
-        for old in [n for n in self.loaded if n != name]:
-            self.unload(old)
+        for old in [n for n in self.loaded if n != name][: max(0, len(self.loaded) - self.keep)]:
+            self.unload(old)  # the newest ``keep`` stay: requests in flight under max_staleness may still name them
         self._prune()
 
     def unload(self, name: str) -> None:

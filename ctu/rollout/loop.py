@@ -52,6 +52,8 @@ class Trajectory:
     tool_calls: int
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    # aligned with response_ids: the policy version that sampled each token (Completion.version), -1 where the
+    # policy sampled nothing (user, tool and template tokens) or the engine gave no version
     token_versions: list[int] = field(default_factory=list)
     # earlier token samples of the episode (ctu.rollout.stitch.TokenSample): an external agent that rewrote its
     # history (docs/agents.md); trained with the episode's advantage, before the trajectory's own tokens
@@ -71,7 +73,8 @@ class Trajectory:
         if self.error:
             row["error"] = self.error
         if with_tokens:
-            row.update(prompt_ids=self.prompt_ids, response_ids=self.response_ids, loss_mask=self.loss_mask)
+            row.update(prompt_ids=self.prompt_ids, response_ids=self.response_ids, loss_mask=self.loss_mask,
+                       token_versions=self.token_versions)
         return row
 
 
@@ -231,6 +234,7 @@ async def run_episode(
     stop_reason = "done"
     messages = await episode.reset()
     seq = TokenSequence.start(chat.prompt_ids(messages, tools))
+    versions: list[int] = []  # token_versions, kept beside seq.response_ids
     while not episode.done:
         budget = limits.max_context_tokens - seq.total_length()
         if budget <= 0:
@@ -244,6 +248,7 @@ async def run_episode(
         completion = await batcher.generate(seq.all_ids(), turn_params)
         model_s += time.perf_counter() - started
         seq.add_generated(list(completion.token_ids), list(completion.logprobs))
+        versions += [-1 if completion.version is None else completion.version] * len(completion.token_ids)
         text = chat.decode_generated(completion.token_ids)
         turn, failed = _turn_from_text(text)
         parse_failures += failed
@@ -261,6 +266,7 @@ async def run_episode(
             stop_reason = "context"  # the next observation would not fit: the sequence stays within budget
             break
         seq.add_observation(observation)
+        versions += [-1] * len(observation)
     batcher.release(seq.all_ids())
     if episode.termination == "user_error":
         stop_reason = "error"
@@ -281,7 +287,7 @@ async def run_episode(
         reward=reward.reward if stop_reason != "error" else 0.0, components=dict(reward.components),
         skipped=list(reward.skipped), reasons=list(reward.reasons), stop_reason=stop_reason,
         termination=termination, turns=episode.turns, parse_failures=parse_failures, tool_calls=tool_calls,
-        timings={"model": model_s, **episode.timings}, error=episode.error,
+        timings={"model": model_s, **episode.timings}, error=episode.error, token_versions=versions,
     )
 
 

@@ -70,8 +70,33 @@ def test_a_server_that_keeps_the_old_adapter_stops_the_run(tmp_path):
 def test_served_config_checks(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="engine.base_url: engine.kind=served attaches"):
         load_config("configs/quickstart.yaml", ["engine.kind=served", f"run.dir={tmp_path}"])
-    monkeypatch.setattr("ctu.config.checks.max_staleness", lambda config: 2)  # trainer.max_staleness=2 (async)
     with pytest.raises(ConfigError, match=r"engine.max_loras: must be >= trainer.max_staleness \+ 1 = 3 .*got 2"):
         load_config("configs/quickstart.yaml", ["engine.kind=served", "engine.launch=true", "engine.max_loras=2",
-                                                f"run.dir={tmp_path}"])
+                                                "trainer.max_staleness=2", "trainer.tis_cap=2.0", f"run.dir={tmp_path}"])
     load_config("configs/quickstart.yaml", ["engine.kind=served", "engine.launch=true", f"run.dir={tmp_path}"])
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_asynchronous_training_through_a_served_engine_keeps_the_staleness_bound(tmp_path, monkeypatch, k):
+    """trainer.max_staleness=k with engine.kind=served: the background worker samples from the server while the
+    trainer updates; every trained token is at most k versions old, and the newest k + 1 adapters stay loaded so
+    requests in flight may still name them."""
+    with FakeVLLMServer(max_loras=k + 1) as fake:
+        trainer = Trainer(served_config(tmp_path / "run", fake.url, "trainer.max_steps=3", f"trainer.max_staleness={k}",
+                                        "trainer.tis_cap=2.0"))
+        steps = []
+        update = trainer.group.update
+
+        def recorded(samples, *args, **kwargs):
+            steps.append(trainer.step)
+            return update(samples, *args, **kwargs)
+
+        monkeypatch.setattr(trainer.group, "update", recorded)
+        trainer.run()
+        loaded = list(trainer.engine.loaded)
+    rows = read_metrics(tmp_path / "run")
+    assert [r["sync/version"] for r in rows] == [1.0, 2.0, 3.0] and steps == [1, 2, 3]
+    for r in rows:
+        assert 0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= k
+        assert r["sync/logprob_max_abs_diff"] <= 1e-3
+    assert loaded == [f"ctu-v{v}" for v in range(max(0, 4 - (k + 1)), 4)][-(k + 1):]

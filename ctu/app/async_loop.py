@@ -1,0 +1,109 @@
+"""The trainer's side of asynchronous RL (``trainer.max_staleness = k > 0``, docs/async.md).
+
+:class:`AsyncRollouts` wires a :class:`~ctu.distributed.async_rollout.RolloutProducer` to the trainer and collects
+one step's groups from it: groups are taken in the order they finish; a group whose oldest sampled token is more
+than k versions older than the weights the step updates is dropped and counted (:func:`ctu.rl.staleness.is_fresh`);
+the step trains on ``trainer.tasks_per_step`` fresh groups (with dynamic sampling: informative ones, taking at most
+``tasks_per_step x (1 + dynamic_sampling_max_draws)`` fresh groups, as the synchronous loop draws at most that many).
+Each step's ``async/*`` metrics say how stale its tokens were, what was dropped and how long trainer and engine
+waited.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ctu.distributed.async_rollout import AsyncLocalPool, RolloutProducer, async_capacity, group_seed
+from ctu.observe.metrics import mean
+from ctu.rl.advantages import informative_groups
+from ctu.rl.staleness import is_fresh, token_staleness
+from ctu.rollout import components as build
+
+
+class AsyncRollouts:
+    """One run's producer and the bookkeeping of its steps."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.producer: RolloutProducer | None = None
+        self.stats: dict[str, float] = {}
+        self._engine_mark = 0.0
+
+    @classmethod
+    def of(cls, trainer) -> AsyncRollouts | None:
+        """For ``trainer.max_staleness > 0`` (else None), once the trainer's pool and sync exist: the separate
+        engine gets the policy's weights now, stamped version 0."""
+        if not trainer.config.trainer.max_staleness:
+            return None
+        trainer.sync_weights()
+        return cls(trainer)
+
+    def _producer(self) -> RolloutProducer:
+        """Built at the first step: after the warm start and any resume synced the engine (the version stamps)."""
+        if self.producer is None:
+            tr = self.trainer
+            cfg, t = tr.config, tr.config.trainer
+            pool: AsyncLocalPool = tr.pool
+            first_step = tr.step
+            self.producer = RolloutProducer(
+                pool.engine, pool.chat, pool.user, pool.limits, build.sampling_params(cfg, cfg.sampling.temperature),
+                draw=lambda: tr.sampler.sample(1)[0], samples_per_task=t.samples_per_task,
+                capacity=async_capacity(t.max_staleness, t.tasks_per_step),
+                seed=lambda index: group_seed(cfg.run.seed, first_step, index),
+                concurrency=pool.concurrency, max_batch_size=pool.max_batch_size)
+            pool.producer = self.producer
+        return self.producer
+
+    def collect(self):
+        """The synchronous ``Trainer.collect``'s answer for step ``trainer.step``: (trajectories, their group ids,
+        rewards, the groups to train on, extra groups taken by dynamic sampling)."""
+        tr = self.trainer
+        t, step = tr.config.trainer, tr.step
+        producer = self._producer()
+        trajectories, groups, env, shaped, chosen = [], [], [], [], []
+        dropped = dropped_episodes = taken = 0
+        waited = 0.0
+        budget = t.tasks_per_step * (1 + (t.dynamic_sampling_max_draws if t.dynamic_sampling else 0))
+        while len(chosen) < t.tasks_per_step and taken < budget:
+            started = time.perf_counter()
+            group = producer.take()
+            waited += time.perf_counter() - started
+            if not is_fresh(group.trajectories, step, t.max_staleness):
+                dropped, dropped_episodes = dropped + 1, dropped_episodes + len(group.trajectories)
+                continue
+            taken += 1
+            batch = group.trajectories
+            rewards = tr.rewards(batch)
+            kind = type(rewards)  # the trainer's TrainingRewards (imported from there, ctu.app.trainer would cycle)
+            first = batch[0]
+            gid = f"{first.domain}/{first.task_id}/a{group.index}"
+            trajectories += batch
+            groups += [gid] * len(batch)
+            env += rewards.env
+            shaped += rewards.shaped
+            scored = [i for i, e in enumerate(batch) if e.stop_reason != "error"]
+            if not t.dynamic_sampling or informative_groups([rewards.shaped[i] for i in scored], [gid] * len(scored)):
+                chosen.append(gid)
+        if step >= t.max_steps:  # nothing more will be trained on: the episodes in flight are cancelled
+            producer.stop()
+        kept = set(chosen)
+        trained = [e for e, g in zip(trajectories, groups, strict=True) if g in kept]
+        staleness = token_staleness(trained, step)
+        self.stats = {"dropped_groups": dropped, "dropped_episodes": dropped_episodes,
+                      "staleness_mean": mean(staleness), "staleness_max": max(staleness, default=0),
+                      "trainer_wait_s": waited, "groups_in_flight": producer.running,
+                      "groups_queued": producer.done.qsize()}
+        extra = taken - len(chosen) if t.dynamic_sampling else 0
+        return trajectories, groups, kind(tuple(env), tuple(shaped)), set(chosen), extra
+
+    def step_metrics(self, step_s: float) -> dict[str, float]:
+        """This step's ``async/*`` metrics, ``step_s`` its wall time: staleness and drops, and how long trainer and
+        engine waited (engine idle: the step's wall time outside engine calls)."""
+        busy = self.producer.engine_seconds() if self.producer is not None else 0.0
+        engine_busy, self._engine_mark = busy - self._engine_mark, busy
+        wait = self.stats.get("trainer_wait_s", 0.0)
+        return {**self.stats, "engine_busy_s": engine_busy, "engine_idle_s": max(0.0, step_s - engine_busy),
+                "trainer_busy_s": max(0.0, step_s - wait),
+                "trainer_idle_fraction": wait / step_s if step_s > 0 else 0.0,
+                "engine_idle_fraction": max(0.0, 1.0 - engine_busy / step_s) if step_s > 0 else 0.0}
+
