@@ -82,7 +82,14 @@ def test_ctu_train_trains_an_openai_sdk_agent_and_its_episodes_equal_ctus_own_lo
     assert all(sum(r["loss_mask"]) > 0 and r["extra_samples"] == [] for r in recorded)
     assert not list((run_dir / "agent" / "logs").iterdir())  # logs are kept only for failed agents
 
-    config = load_config("configs/quickstart.yaml", overrides)
+    assert_episodes_equal_ctus_own_loop(load_config("configs/quickstart.yaml", overrides), recorded)
+    # policy version v samples step v + 1's rollouts (call v); the final evaluation runs on version 3
+    assert all(r["token_versions"] == [r["call"] if m else -1 for m in r["loss_mask"]] for r in recorded)
+
+
+def assert_episodes_equal_ctus_own_loop(config, recorded):
+    """Each episode the agent played (a row of <run.dir>/agent/episodes.jsonl) is, token for token, what ctu's own
+    rollout loop records when the engine samples the same ids after the same prompts."""
     chat = build.build_chat(config)
     domain = get_domain("mini")
     params = build.sampling_params(config)
@@ -94,5 +101,3 @@ def test_ctu_train_trains_an_openai_sdk_agent_and_its_episodes_equal_ctus_own_lo
             assert getattr(ours, key) == row[key], (key, row["episode_id"])
         assert ours.logprobs == row["logprobs"]
         assert without_call_ids(ours.messages) == without_call_ids(row["messages"])
-        # policy version v samples step v + 1's rollouts (call v); the final evaluation runs on version 3
-        assert row["token_versions"] == [row["call"] if m else -1 for m in row["loss_mask"]]
