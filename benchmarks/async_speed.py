@@ -117,7 +117,7 @@ def main() -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"results_{args.user}.json").write_text(json.dumps(results, indent=1))
     base = results[0]["steps_per_hour"]
-    print(f"\n| k | user | steps/hour | speed-up | rollout (wait) s | update s | trainer idle | engine idle | held-out |")
+    print("\n| k | user | steps/hour | speed-up | rollout (wait) s | update s | trainer idle | engine idle | held-out |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         h = r["held_out"]

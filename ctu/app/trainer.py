@@ -18,6 +18,7 @@ import torch
 from ctu.app.async_loop import AsyncRollouts
 from ctu.app.evaluate import PHASE_WORDS, NothingScored, all_errored, episode_specs, progress_bar, write_report
 from ctu.app.resume import prepare_resume, recorded_final
+from ctu.app.task_sampler import TaskSampler, task_weight  # noqa: F401 - task_weight: imported from here too
 from ctu.config.runlock import RunDirLock
 from ctu.config.schema import Config, ConfigError, save_config, to_dict, training_problems
 from ctu.distributed.group import LocalTrainer, TrainerGroup, sft_batches
@@ -41,52 +42,6 @@ class TrainingRewards:
 
     env: tuple[float, ...]
     shaped: tuple[float, ...]
-
-
-def task_weight(task, weights: dict[str, float]) -> float:
-    """A training task's sampling weight under ``env.task_weights``: the product of the weights of the keys its
-    description matches (``field``: the field is truthy; ``field=value``: its value, as text, is ``value``)."""
-    out = 1.0
-    for key, weight in weights.items():
-        if task.matches(key):
-            out *= weight
-    return out
-
-
-class TaskSampler:
-    """Weighted, seeded sampling of training tasks across domains (``env.weights``) and, within a domain, by
-    their description (``env.task_weights``); its state is the data cursor."""
-
-    def __init__(self, domains, weights: Sequence[float], seed: int, task_weights: dict[str, float] | None = None):
-        self.pools = [(d, d.split("train") if "train" in d.splits else list(d.tasks)) for d in domains]
-        self.weights = list(weights)
-        self.rng = random.Random(seed)
-        task_weights = task_weights or {}
-        unmatched = [k for k in task_weights
-                     if not any(task_weight(t, {k: 2.0}) != 1.0 for _, tasks in self.pools for t in tasks)]
-        if unmatched:
-            from ctu.config.schema import ConfigError
-
-            raise ConfigError(f"env.task_weights: {', '.join(unmatched)} matches no training task's description "
-                              f"in {', '.join(d.name for d, _ in self.pools)}")
-        # None: every task weighs 1, drawn as before (rng.choice), so runs without task_weights are unchanged
-        self.task_weights = [[task_weight(t, task_weights) for t in tasks] if task_weights else None
-                             for _, tasks in self.pools]
-
-    def sample(self, n: int) -> list[tuple]:
-        picks = []
-        for _ in range(n):
-            k = self.rng.choices(range(len(self.pools)), weights=self.weights)[0]
-            domain, tasks = self.pools[k]
-            within = self.task_weights[k]
-            picks.append((domain, self.rng.choice(tasks) if within is None else self.rng.choices(tasks, within)[0]))
-        return picks
-
-    def state(self):
-        return self.rng.getstate()
-
-    def set_state(self, state) -> None:
-        self.rng.setstate(state)
 
 
 def prepare_run_dir(config: Config) -> None:

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from ctu.app.trainer import TaskSampler, task_weight
+from ctu.app.task_sampler import TaskSampler, task_weight
 from ctu.config.schema import ConfigError, load_config
 from ctu.domains.base.tasks import Task
 from ctu.domains.mini import load
