@@ -28,7 +28,7 @@ COUNT_MINIMUMS = {
     "trainer.sft_batch_size": 1,
     "trainer.ckpt_interval": 1, "trainer.keep_checkpoints": 1, "trainer.eval_interval": 0,
     "trainer.eval_max_tasks": 1, "trainer.examples_interval": 1, "trainer.examples_count": 0,
-    "distributed.rollout_workers": 0, "distributed.trainer_workers": 0,
+    "distributed.rollout_workers": 0, "distributed.trainer_workers": 0, "agent.concurrency": 1,
 }
 NOT_COUNTS = {"sampling.seed", "run.seed"}  # any integer is a seed
 BASE = ["trainer.advantage=rloo"]  # one sample per task is then valid, so every key's minimum is too
