@@ -208,7 +208,7 @@ class ServedEngine(RemoteEngine):
     # -- weights ------------------------------------------------------------------------------
     def update_adapter(self, named_tensors: Iterable[tuple[str, object]], version: int, peft_config=None) -> None:
         """Write the adapter of ``version`` under ``weights_dir``, load it as ``ctu-v<version>``, reset the prefix
-        cache, check the server lists it, serve it, unload the previous version."""
+        cache, check the server lists it, serve it, unload versions older than the newest ``keep``."""
         from ctu.engines.vllm import write_peft_adapter
 
         name = adapter_name(version)
