@@ -19,12 +19,29 @@ from tests.unit.app.test_agent_proxy import ScriptEngine
 AGENT = Path(__file__).resolve().parents[3] / "examples" / "byo_agent" / "agent.py"
 
 
+class TurnEngine(ScriptEngine):
+    """Answers an episode's first call with ``first`` and any later one (a longer prompt: the tool's result is in
+    it) with ``then``, whichever episode asks first. A shared script popped in call order raced with two agents
+    in flight: under load one episode got the other's second answer (a fresh clone's test run, 2026-11-26)."""
+
+    def __init__(self, chat, first, then):
+        super().__init__(chat, [])
+        self.first, self.then, self.shortest = first, then, None
+
+    async def generate(self, prompts, params, seeds=None):
+        for prompt in prompts:
+            self.shortest = min(len(prompt), self.shortest or len(prompt))
+            self.texts.append(self.then if len(prompt) > self.shortest else self.first)
+        return await super().generate(prompts, params, seeds)
+
+
 @pytest.fixture
 def pool(chat_format, tmp_path):
     made = []
 
     def make(command, texts=(), timeout_s=60.0):
-        made.append(AgentPool(ScriptEngine(chat_format, texts), chat_format, ScriptedUser(), RolloutLimits(4, 5, 4096),
+        engine = TurnEngine(chat_format, *texts) if texts else ScriptEngine(chat_format, texts)
+        made.append(AgentPool(engine, chat_format, ScriptedUser(), RolloutLimits(4, 5, 4096),
                               command=command, run_dir=tmp_path, concurrency=2, timeout_s=timeout_s))
         return made[-1]
 
@@ -56,8 +73,8 @@ def test_an_agent_past_its_timeout_is_stopped_and_its_episode_errored(pool):
 
 
 def test_the_example_agent_plays_episodes_through_the_proxy(pool, tmp_path):
-    texts = ['<tool_call>\n{"name": "get_order", "arguments": {"order_id": "O1082"}}\n</tool_call>',
-             "Order O1082 is pending."] * 2
+    texts = ('<tool_call>\n{"name": "get_order", "arguments": {"order_id": "O1082"}}\n</tool_call>',
+             "Order O1082 is pending.")  # each episode: the tool call, then the answer
     trajectories = pool(f"{sys.executable} {AGENT}", texts).run(specs(2), SamplingParams(max_tokens=64, seed=0), seed=0)
     assert [t.stop_reason for t in trajectories] == ["done", "done"]
     assert all(t.termination == "user_stop" and t.tool_calls == 1 and t.turns == 2 for t in trajectories)
