@@ -280,10 +280,11 @@ class Trainer:
             demos, self.demos = self.demos, None
         if demos is None:
             demos = warm_start_samples(self.chat, self.domains, t.sft_data, self.config.env.max_context_tokens,
-                                       exclude=t.sft_exclude)
+                                       exclude=t.sft_exclude, balance=t.sft_balance)
         from tqdm import tqdm
 
-        batches = sft_batches(demos, t.sft_steps, t.sft_batch_size, self.config.run.seed)
+        batches = sft_batches(demos, t.sft_steps, t.sft_batch_size, self.config.run.seed,
+                              strata=getattr(demos, "strata", None))
         bar = tqdm(total=t.sft_steps, desc="warm start (supervised)", unit="step", dynamic_ncols=True)
 
         def on_step(loss: float) -> None:

@@ -77,6 +77,9 @@ def config_problems(config: Config) -> list[str]:
             problems.append(f"env.tasks.{name}: tasks file {path} does not exist")
     if config.trainer.sft_data is not None and not Path(config.trainer.sft_data).is_file():
         problems.append(f"trainer.sft_data: file {config.trainer.sft_data} does not exist")
+    if config.trainer.sft_data is not None and config.trainer.sft_balance:
+        problems.append("trainer.sft_balance: balances gold demonstrations by their task; trainer.sft_data (a file) "
+                        "has no tasks: set trainer.sft_balance=[]")
     if config.trainer.sft_data is not None and config.trainer.sft_exclude:
         problems.append("trainer.sft_exclude: selects gold demonstrations; it cannot filter trainer.sft_data (a file): "
                         "set trainer.sft_exclude=[]")

@@ -194,6 +194,9 @@ class TrainerConfig:
     # gold demos of the train tasks whose description matches none of these keys (``field`` or ``field=value``,
     # as in env.task_weights); e.g. [refusal]: no demonstration of refusing
     sft_exclude: list[str] = field(default_factory=list)
+    # warm-start batches in equal shares across the demos matching each key (first match wins) and the rest; e.g.
+    # [kind=status]: half report-only demonstrations, half writes, whatever the data's mix ([]: uniform draws)
+    sft_balance: list[str] = field(default_factory=list)
     ckpt_interval: int = 5
     keep_checkpoints: int = 2
     eval_interval: int = 0  # 0: only before (if eval_before_train) and after training

@@ -53,10 +53,34 @@ def build_optimizer(policy, cfg):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(cfg, total_updates))
 
 
-def sft_batches(demos: Sequence[Sample], steps: int, batch_size: int, seed: int) -> list[list[int]]:
-    """The warm start's batches (indices into ``demos``): the same draws in every trainer group."""
+def sft_batches(demos: Sequence[Sample], steps: int, batch_size: int, seed: int,
+                strata: Sequence[int] | None = None) -> list[list[int]]:
+    """The warm start's batches (indices into ``demos``): the same draws in every trainer group.
+
+    With ``strata`` (one label per demo: ``trainer.sft_balance``) every batch takes its places in turn from each
+    stratum (the first stratum a batch starts with rotates; leftover places go to the next strata in turn), each
+    stratum dealt from its own shuffled deck, reshuffled when spent: the batches hold the strata in equal shares
+    whatever their sizes, and no demo repeats within a stratum before all of it was drawn."""
     rng = random.Random(seed)
-    return [rng.sample(range(len(demos)), min(len(demos), batch_size)) for _ in range(steps)]
+    if strata is None:
+        return [rng.sample(range(len(demos)), min(len(demos), batch_size)) for _ in range(steps)]
+    if len(strata) != len(demos):
+        raise ValueError(f"sft_batches: {len(strata)} strata labels for {len(demos)} demos")
+    groups = [[i for i, s in enumerate(strata) if s == label] for label in sorted(set(strata))]
+    decks: list[list[int]] = [[] for _ in groups]
+    batches, turn = [], 0
+    for _ in range(steps):
+        batch: list[int] = []
+        while len(batch) < min(len(demos), batch_size):
+            k = turn % len(groups)
+            turn += 1
+            if not decks[k]:
+                decks[k] = rng.sample(groups[k], len(groups[k]))
+            pick = decks[k].pop()
+            if pick not in batch:
+                batch.append(pick)
+        batches.append(batch)
+    return batches
 
 
 class TrainerGroup(ABC):

@@ -18,8 +18,16 @@ from ctu.episode.data.conversations import DataError, gold_conversations, gold_t
 from ctu.episode.env import agent_view
 from ctu.train.update import Sample, to_sample
 
-__all__ = ["conversation_sample", "demo_tasks", "file_samples", "fit_context", "gold_samples", "gold_turns",
+__all__ = ["Demos", "conversation_sample", "demo_tasks", "file_samples", "fit_context", "gold_samples", "gold_turns",
            "prepared_samples", "warm_start_samples"]
+
+
+class Demos(list):
+    """The warm start's samples; ``strata[i]`` (with ``trainer.sft_balance``) is the index of the first balance key
+    sample i's task matches, ``len(keys)`` for none: :func:`ctu.distributed.group.sft_batches` draws every batch
+    evenly across the strata. None: no balance (a file, or no keys)."""
+
+    strata: list[int] | None = None
 
 
 def conversation_sample(chat, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> Sample:
@@ -103,12 +111,14 @@ def demo_tasks(domains, exclude: Sequence[str] = ()) -> list[tuple[Any, list]]:
 
 
 def warm_start_samples(chat, domains, sft_data: str | None = None, max_tokens: int | None = None,
-                       exclude: Sequence[str] = ()) -> list[Sample]:
+                       exclude: Sequence[str] = (), balance: Sequence[str] = ()) -> Demos:
     """The warm start's data: the file ``sft_data`` when given, else every domain's gold demonstrations of its
     train split (all tasks if it has none) but those matching ``exclude`` (``trainer.sft_exclude``). With
     ``max_tokens`` (``env.max_context_tokens``), longer conversations are dropped with one warning line on stderr
-    counting them (see :func:`fit_context`)."""
+    counting them (see :func:`fit_context`). ``balance`` (``trainer.sft_balance``, gold demonstrations only): label
+    each sample with its stratum (:class:`Demos`); a key that matches no demonstration is a ConfigError."""
     where: list[str] = []
+    strata: list[int] | None = None
     if sft_data:
         try:
             samples, source = file_samples(chat, sft_data, where), f"trainer.sft_data: {sft_data}"
@@ -116,15 +126,32 @@ def warm_start_samples(chat, domains, sft_data: str | None = None, max_tokens: i
             raise DataError(f"trainer.sft_data: {exc}") from None
     else:
         samples, source = [], "gold demonstrations"
-        for d, tasks in demo_tasks(domains, exclude):
+        pools = demo_tasks(domains, exclude)
+        for d, tasks in pools:
             samples += gold_samples(chat, d, tasks)
             where += [f"{d.name} task {t.id}" for t in tasks]
-    if max_tokens is None:
-        return samples
-    kept, note = fit_context(samples, max_tokens, source, where)
-    if note:
-        print(f"ctu: warning: {note}", file=sys.stderr, flush=True)
-    return kept
+        if balance:
+            strata = [_stratum(t, balance) for _, tasks in pools for t in tasks]
+            unmatched = [k for i, k in enumerate(balance) if i not in strata]
+            if unmatched:
+                from ctu.config.schema import ConfigError
+
+                raise ConfigError(f"trainer.sft_balance: {', '.join(unmatched)} matches no demonstration left by "
+                                  f"trainer.sft_exclude (first matching key wins)")
+    if max_tokens is not None:
+        kept, note = fit_context(samples, max_tokens, source, where)
+        if note:
+            print(f"ctu: warning: {note}", file=sys.stderr, flush=True)
+        if strata is not None:
+            strata = [k for k, s in zip(strata, samples, strict=True) if len(s.ids) <= max_tokens]
+        samples = kept
+    out = Demos(samples)
+    out.strata = strata
+    return out
+
+
+def _stratum(task, keys: Sequence[str]) -> int:
+    return next((i for i, k in enumerate(keys) if task.matches(k)), len(keys))
 
 
 def prepared_samples(config, domains) -> list[Sample] | None:
@@ -141,6 +168,6 @@ def prepared_samples(config, domains) -> list[Sample] | None:
         return None
     try:
         return warm_start_samples(build.build_chat(config), domains, t.sft_data, config.env.max_context_tokens,
-                                  exclude=t.sft_exclude)
+                                  exclude=t.sft_exclude, balance=t.sft_balance)
     except DataError as exc:
         raise ConfigError(str(exc)) from None
