@@ -37,20 +37,8 @@ def per_kind(tasks: dict[str, float], kinds: dict[str, str]) -> str:
     return " ".join(f"{k}={s:g}/{n}" for k, (s, n) in sorted(counts.items()))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="configs/quickstart.yaml")
-    ap.add_argument("--cache", required=True, help="the warm start's weights (.pt) and evaluation (.json)")
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--evals", type=int, nargs="*", default=[], help="steps after which to evaluate (and the last)")
-    ap.add_argument("--out", required=True, help="run directory (evaluations land in OUT/eval)")
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
-    config = load_config(args.config, [f"run.dir={args.out}", "run.overwrite=true", "trainer.eval_before_train=false",
-                                       *args.overrides])
-    trainer = Trainer(config)
-    kinds = {f"{d.name}/{t.id}": task_kind(t) for d in trainer.domains for t in d.tasks}
-    cache = Path(args.cache)
+def from_cache(trainer: Trainer, cache: Path) -> dict:
+    """The warm start's weights from ``cache`` (made there first if missing) and its evaluation; the engine synced."""
     if cache.exists():
         state = torch.load(cache)
         trainer.policy.model.load_state_dict(state["model"])
@@ -64,9 +52,26 @@ def main() -> None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"model": snapshot(trainer), "rebased": trainer.policy.reference_state()}, cache)
         cache.with_suffix(".json").write_text(json.dumps(start))
-    print(f"warm start: {start['success']:.3f} {per_kind(start['tasks'], kinds)}", flush=True)
     trainer.sync.base_changed = True
     trainer.sync_weights()
+    return start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/quickstart.yaml")
+    ap.add_argument("--cache", required=True, help="the warm start's weights (.pt) and evaluation (.json)")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--evals", type=int, nargs="*", default=[], help="steps after which to evaluate (and the last)")
+    ap.add_argument("--out", required=True, help="run directory (evaluations land in OUT/eval)")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    config = load_config(args.config, [f"run.dir={args.out}", "run.overwrite=true", "trainer.eval_before_train=false",
+                                       *args.overrides])
+    trainer = Trainer(config)
+    kinds = {f"{d.name}/{t.id}": task_kind(t) for d in trainer.domains for t in d.tasks}
+    start = from_cache(trainer, Path(args.cache))
+    print(f"warm start: {start['success']:.3f} {per_kind(start['tasks'], kinds)}", flush=True)
     clock = 0.0
     for step in range(1, args.steps + 1):
         began = time.perf_counter()
@@ -74,9 +79,10 @@ def main() -> None:
         metrics = trainer.train_step()["metrics"]
         clock += time.perf_counter() - began
         r, tm = metrics["rollout"], metrics["timing"]
-        print(f"step {step}: {clock:.0f}s, reward {r['reward']:.3f} ({r['episodes']} episodes), rollout "
-              f"{tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, entropy {metrics['train']['entropy']:.3f}",
-              flush=True)
+        greedy = f", greedy {r['greedy_reward']:.3f}" if "greedy_reward" in r else ""
+        print(f"step {step}: {clock:.0f}s, reward {r['reward']:.3f} ({r['episodes']} episodes{greedy}, "
+              f"{r['trained_episodes']} trained), rollout {tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, "
+              f"entropy {metrics['train']['entropy']:.3f}", flush=True)
         if step in args.evals or step == args.steps:
             e = success(trainer, f"step_{step}")
             print(f"after {step} steps: {e['success']:.3f} (95% CI {e['ci']}), change {e['success'] - start['success']:+.3f}; "

@@ -42,6 +42,8 @@ class TrainingRewards:
 
     env: tuple[float, ...]
     shaped: tuple[float, ...]
+    # trainer.advantage=remax: per episode, the reward of the greedy episode of its task (None: that one errored)
+    baseline: tuple[float | None, ...] | None = None
 
 
 def prepare_run_dir(config: Config) -> None:
@@ -209,7 +211,8 @@ class Trainer:
             env += rewards.env
             shaped += rewards.shaped
             if not t.dynamic_sampling:
-                return trajectories, groups, TrainingRewards(tuple(env), tuple(shaped)), set(groups), draws
+                baseline = self.greedy_baselines(picks, seed) if t.advantage == "remax" else None
+                return trajectories, groups, TrainingRewards(tuple(env), tuple(shaped), baseline), set(groups), draws
             scored = [i for i, tr in enumerate(trajectories) if tr.stop_reason != "error"]
             informative = {groups[scored[j]] for j in informative_groups([shaped[i] for i in scored],
                                                                           [groups[i] for i in scored])}
@@ -217,6 +220,16 @@ class Trainer:
                 chosen = set(sorted(informative, key=groups.index)[: t.tasks_per_step])
                 return trajectories, groups, TrainingRewards(tuple(env), tuple(shaped)), chosen, draws
             needed, draws = t.tasks_per_step - len(informative), draws + 1
+
+    def greedy_baselines(self, picks, seed: int) -> tuple[float | None, ...]:
+        """ReMax's baseline: one greedy episode (temperature 0) of each picked task, played by the same policy
+        the samples came from; its reward is the baseline of every sample of that task (None where it errored).
+        These episodes are never trained on."""
+        greedy = self._rollout([EpisodeSpec(d, task, 0) for d, task in picks], 0.0, seed=seed)
+        rewards = self.rewards(greedy).shaped
+        per_task = [None if tr.stop_reason == "error" else r for tr, r in zip(greedy, rewards, strict=True)]
+        return tuple(per_task[i // self.config.trainer.samples_per_task]
+                     for i in range(len(picks) * self.config.trainer.samples_per_task))
 
     def train_step(self) -> dict:
         t = self.config.trainer
@@ -234,8 +247,10 @@ class Trainer:
         if t.kl_coef > 0 and t.kl_in_reward:  # KL in the reward: r - kl_coef * KL(episode)
             every = [to_sample(tr.prompt_ids, tr.response_ids, tr.loss_mask, tr.logprobs, 0.0) for tr in trajectories]
             kl_penalties = [t.kl_coef * k for k in self.group.kl(every, self.config.sampling.temperature)]
-            rewards = TrainingRewards(rewards.env, tuple(r - k for r, k in zip(rewards.shaped, kl_penalties, strict=True)))
-        advantages = scored_advantages(t.advantage, rewards.shaped, groups, excluded)  # out before baselines
+            rewards = TrainingRewards(rewards.env, tuple(r - k for r, k in zip(rewards.shaped, kl_penalties, strict=True)),
+                                      rewards.baseline)
+        advantages = scored_advantages(t.advantage, rewards.shaped, groups, excluded,  # out before baselines
+                                       baselines=rewards.baseline)
         mask_length = self.config.filters.mask_length_stop
         samples = [to_sample(prompt, response, filter_loss_mask(mask, trajectories[i].stop_reason,
                                                                 mask_length_stop=mask_length), logprobs, advantage)
@@ -257,7 +272,9 @@ class Trainer:
                         "turns": mean(tr.turns for tr in scored), "response_tokens": mean(sum(tr.loss_mask) for tr in scored),
                         "stop_reasons": distribution(tr.stop_reason for tr in trajectories),
                         "trained_episodes": len(samples), "trained_groups": len({groups[i] for i in advantages}),
-                        "dynamic_extra_draws": draws},
+                        "dynamic_extra_draws": draws,
+                        **({"greedy_reward": mean(b for b in rewards.baseline[::t.samples_per_task] if b is not None)}
+                           if rewards.baseline is not None else {})},
             "per_domain": {d.name: {"reward": mean(tr.reward for tr in scored if tr.domain == d.name),
                                     "success": mean(float(tr.success) for tr in scored if tr.domain == d.name)}
                            for d in self.domains},

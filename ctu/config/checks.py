@@ -115,8 +115,13 @@ def config_problems(config: Config) -> list[str]:
     if t.mini_batches >= 1 and episodes % t.mini_batches:
         problems.append(f"trainer.mini_batches: {t.mini_batches} does not divide the rollout batch of "
                         f"{episodes} episodes (trainer.tasks_per_step x trainer.samples_per_task)")
-    if t.advantage not in ("rloo", "reinforce_pp", "rft") and t.samples_per_task < 2:
+    if t.advantage not in ("rloo", "reinforce_pp", "rft", "remax") and t.samples_per_task < 2:
         problems.append("trainer.samples_per_task: group advantages need at least 2 samples per task")
+    if t.advantage == "remax":  # the greedy baseline episodes are played by the synchronous loop only
+        clash = {"trainer.max_staleness": t.max_staleness > 0, "trainer.dynamic_sampling": t.dynamic_sampling,
+                 "trainer.kl_in_reward": t.kl_in_reward and t.kl_coef > 0}
+        problems += [f"trainer.advantage: remax cannot be combined with {k} (its greedy baselines are played by the "
+                     "synchronous loop, one per task, with the environment's reward)" for k, on in clash.items() if on]
     if t.lr <= 0:
         problems.append(f"trainer.lr: must be > 0, got {t.lr}")
     if t.resume not in (None, "latest") and not Path(t.resume).is_dir():

@@ -166,8 +166,9 @@ class TrainerConfig:
     # count the episodes' common prefix (system prompt) once when packing micro-batches: more rows a forward, fewer
     # prefix passes (SmolLM2 warm start: 16% faster) but more attention memory (+1.1 GiB at 1024 tokens)
     pack_shared_prefix: bool = False
-    # reinforce_pp: batch baseline; rft: imitate the episodes that reached the full reward (no baseline, no negatives)
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "rft"] = "grpo"
+    # reinforce_pp: batch baseline; rft: imitate the episodes that reached the full reward (no baseline, no negatives);
+    # remax: reward minus that of a greedy episode of the same task (played each step, never trained on)
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "rft", "remax"] = "grpo"
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None

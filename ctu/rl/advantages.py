@@ -77,6 +77,18 @@ def success_advantages(rewards: Sequence[float]) -> torch.Tensor:
     return torch.tensor([1.0 if r >= SUCCESS else 0.0 for r in rewards])
 
 
+def greedy_baseline_advantages(rewards: Sequence[float], baselines: Sequence[float]) -> torch.Tensor:
+    """ReMax (Li et al., 2023; self-critical training before it): each episode's reward minus the reward of a
+    greedy episode of the same task by the same policy. An episode that did what the greedy policy does gets 0,
+    so a step pushes only where a sample did better (+) or worse (-) than what evaluation would see, on that
+    task: a batch baseline instead gives every episode a full-size push whose sum over task kinds is decided by
+    the batch's mix of kinds, and a group baseline needs several samples of each task."""
+    if len(rewards) != len(baselines):
+        raise ValueError(f"{len(rewards)} rewards but {len(baselines)} baselines")
+    return (torch.as_tensor(list(rewards), dtype=torch.float64)
+            - torch.as_tensor(list(baselines), dtype=torch.float64)).float()
+
+
 def informative_groups(rewards: Sequence[float], group_ids: Sequence[Hashable], tol: float = 1e-9) -> list[int]:
     """Dynamic sampling: indices of episodes whose group's rewards are not all equal (in order)."""
     keep = set()
@@ -94,7 +106,8 @@ ESTIMATORS = {
     "reinforce_pp": lambda r, g: batch_advantages(r),
     "rft": lambda r, g: success_advantages(r),
 }
-GROUP_FREE = {"reinforce_pp", "rft"}  # estimators that do not need a group of samples of the same task
+GROUP_FREE = {"reinforce_pp", "rft", "remax"}  # estimators that do not need a group of samples of the same task
+BASELINED = {"remax"}  # estimators whose baseline is a greedy episode of each task (``baselines``)
 
 
 def compute_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[Hashable]) -> torch.Tensor:
@@ -105,16 +118,25 @@ def compute_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[
 
 
 def scored_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[Hashable],
-                      errored: Sequence[bool]) -> dict[int, float]:
+                      errored: Sequence[bool], baselines: Sequence[float | None] | None = None) -> dict[int, float]:
     """Advantages of the episodes that can be trained on: {episode index: advantage}.
 
     Errored episodes are left out *before* the group statistics (they have no reward, not reward 0), and a
     group with fewer than two scored episodes has no baseline, so it contributes nothing (except under a batch
-    baseline, which every scored episode shares). Under ``rft`` only the successes are returned.
+    baseline, which every scored episode shares). Under ``rft`` only the successes are returned; under ``remax``
+    only the episodes whose reward differs from their greedy baseline (``baselines[i]``; an episode whose greedy
+    twin errored has none and is left out).
     """
     if not len(rewards) == len(group_ids) == len(errored):
         raise ValueError(f"{len(rewards)} rewards, {len(group_ids)} group ids, {len(errored)} error flags")
     scored = [i for i, bad in enumerate(errored) if not bad]
+    if name in BASELINED:
+        if baselines is None or len(baselines) != len(rewards):
+            raise ValueError(f"{name}: needs one greedy baseline per episode, got "
+                             f"{'none' if baselines is None else len(baselines)} for {len(rewards)} episodes")
+        usable = [i for i in scored if baselines[i] is not None]
+        adv = greedy_baseline_advantages([rewards[i] for i in usable], [baselines[i] for i in usable])
+        return {i: a for i, a in zip(usable, adv.tolist(), strict=True) if a != 0.0}
     sizes: dict[Hashable, int] = defaultdict(int)
     for i in scored:
         sizes[group_ids[i]] += 1

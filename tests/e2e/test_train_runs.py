@@ -165,3 +165,41 @@ def test_after_the_warm_start_the_kl_reference_is_the_warm_started_policy(tmp_pa
             if "lora_B" in name:
                 p.add_(0.05)
     assert min(sequence_kl(trainer.policy, samples, cfg.trainer, 1.0)) > 1e-3
+
+
+def test_remax_plays_one_greedy_episode_per_task_and_trains_on_the_samples_that_differ(tmp_path, monkeypatch):
+    trainer = Trainer(config(tmp_path / "run", "trainer.max_steps=1", "trainer.advantage=remax"))
+    calls = []
+
+    def rollout(specs, temperature, seed, judge=None):
+        calls.append((temperature, [(s.task.id, s.sample) for s in specs]))
+        return [fake_trajectory(s) for s in specs]
+
+    plans = iter([(1.0, 0.0, 0.0, 0.0), (0.0, 0.0)])  # samples of tasks A, A, B, B; greedy episodes of A, B
+
+    def rewards(trajectories):
+        values = next(plans)
+        assert len(values) == len(trajectories)
+        return TrainingRewards(values, values)
+
+    monkeypatch.setattr(trainer, "_rollout", rollout)
+    monkeypatch.setattr(trainer, "rewards", rewards)
+    metrics = trainer.train_step()["metrics"]
+    (sampled_t, sampled), (greedy_t, greedy) = calls
+    assert sampled_t == trainer.config.sampling.temperature and greedy_t == 0.0
+    assert greedy == [(task, 0) for task, _ in sampled[::2]]  # one greedy episode per task, never trained on
+    assert metrics["rollout"]["episodes"] == 4 and metrics["rollout"]["greedy_reward"] == 0.0
+    assert metrics["rollout"]["trained_episodes"] == 1 and metrics["train"]["grad_norm"] > 0  # A's success only
+    plans = iter([(1.0, 1.0, 0.0, 0.0), (1.0, 0.0)])  # every sample did what its task's greedy episode did
+    metrics = trainer.train_step()["metrics"]
+    assert metrics["rollout"]["trained_episodes"] == 0 and metrics["train"]["updates"] == 0
+    assert metrics["rollout"]["greedy_reward"] == 0.5
+
+
+@pytest.mark.parametrize("clash", ["trainer.max_staleness=1", "trainer.dynamic_sampling=true",
+                                   "trainer.kl_in_reward=true trainer.kl_coef=0.1"])
+def test_remax_refuses_what_its_greedy_baselines_cannot_serve(tmp_path, monkeypatch, clash):
+    no_model_load(monkeypatch)
+    key = clash.split("=")[0]
+    with pytest.raises(ConfigError, match=f"trainer.advantage: remax cannot be combined with {key}"):
+        Trainer(config(tmp_path / "run", "trainer.advantage=remax", *clash.split()))
