@@ -222,14 +222,12 @@ class Trainer:
             needed, draws = t.tasks_per_step - len(informative), draws + 1
 
     def greedy_baselines(self, picks, seed: int) -> tuple[float | None, ...]:
-        """ReMax's baseline: one greedy episode (temperature 0) of each picked task, played by the same policy
-        the samples came from; its reward is the baseline of every sample of that task (None where it errored).
-        These episodes are never trained on."""
+        """ReMax's baseline: a greedy episode of each picked task by the same policy (never trained on); its reward
+        is the baseline of every sample of that task (None where it errored)."""
         greedy = self._rollout([EpisodeSpec(d, task, 0) for d, task in picks], 0.0, seed=seed)
         rewards = self.rewards(greedy).shaped
         per_task = [None if tr.stop_reason == "error" else r for tr, r in zip(greedy, rewards, strict=True)]
-        return tuple(per_task[i // self.config.trainer.samples_per_task]
-                     for i in range(len(picks) * self.config.trainer.samples_per_task))
+        return tuple(b for b in per_task for _ in range(self.config.trainer.samples_per_task))
 
     def train_step(self) -> dict:
         t = self.config.trainer
@@ -247,10 +245,9 @@ class Trainer:
         if t.kl_coef > 0 and t.kl_in_reward:  # KL in the reward: r - kl_coef * KL(episode)
             every = [to_sample(tr.prompt_ids, tr.response_ids, tr.loss_mask, tr.logprobs, 0.0) for tr in trajectories]
             kl_penalties = [t.kl_coef * k for k in self.group.kl(every, self.config.sampling.temperature)]
-            rewards = TrainingRewards(rewards.env, tuple(r - k for r, k in zip(rewards.shaped, kl_penalties, strict=True)),
-                                      rewards.baseline)
-        advantages = scored_advantages(t.advantage, rewards.shaped, groups, excluded,  # out before baselines
-                                       baselines=rewards.baseline)
+            rewards = replace(rewards, shaped=tuple(r - k for r, k in zip(rewards.shaped, kl_penalties, strict=True)))
+        # errored episodes are left out before any baseline is taken
+        advantages = scored_advantages(t.advantage, rewards.shaped, groups, excluded, baselines=rewards.baseline)
         mask_length = self.config.filters.mask_length_stop
         samples = [to_sample(prompt, response, filter_loss_mask(mask, trajectories[i].stop_reason,
                                                                 mask_length_stop=mask_length), logprobs, advantage)
