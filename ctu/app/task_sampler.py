@@ -36,6 +36,27 @@ class TaskSampler:
         self.task_weights = [[task_weight(t, task_weights) for t in tasks] if task_weights else None
                              for _, tasks in self.pools]
 
+    def check_class_field(self, name: str | None) -> None:
+        """``trainer.baseline_by``: a description field that no training task has is a config error."""
+        if name is not None and not any(isinstance(t.description, dict) and name in t.description for _, tasks in self.pools for t in tasks):
+            from ctu.config.schema import ConfigError
+
+            raise ConfigError(f"trainer.baseline_by: no training task's description has '{name}' "
+                              f"(in {', '.join(d.name for d, _ in self.pools)})")
+
+    def task_class(self, domain: str, task_id: str, name: str) -> str:
+        """The class a training task's baseline is taken over: its domain and the value of description field
+        ``name`` (``trainer.baseline_by``)."""
+        if not hasattr(self, "_by_id"):
+            self._by_id = {(d.name, t.id): t for d, tasks in self.pools for t in tasks}
+        task = self._by_id.get((domain, task_id))
+        description = task.description if task is not None and isinstance(task.description, dict) else {}
+        return f"{domain}/{description.get(name)}"
+
+    def classes(self, trajectories, name: str | None) -> list[str] | None:
+        """Each trajectory's task class under ``trainer.baseline_by`` (None when it is not set)."""
+        return None if name is None else [self.task_class(tr.domain, tr.task_id, name) for tr in trajectories]
+
     def sample(self, n: int) -> list[tuple]:
         picks = []
         for _ in range(n):

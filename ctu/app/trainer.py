@@ -100,6 +100,7 @@ class Trainer:
         prepare_run_dir(config)  # after every check: a refused run leaves run.dir as it was
         self.sampler = TaskSampler(self.domains, [config.env.weights.get(n, 1.0) for n in config.env.domains],
                                    config.run.seed, config.env.task_weights)
+        self.sampler.check_class_field(config.trainer.baseline_by)  # trainer.baseline_by names a task field
         if config.trainer.sft_steps > 0 and config.trainer.sft_data is None:
             demo_tasks(self.domains, config.trainer.sft_exclude)
         self.group = build_trainer_group(config)
@@ -247,7 +248,8 @@ class Trainer:
             kl_penalties = [t.kl_coef * k for k in self.group.kl(every, self.config.sampling.temperature)]
             rewards = replace(rewards, shaped=tuple(r - k for r, k in zip(rewards.shaped, kl_penalties, strict=True)))
         # errored episodes are left out before any baseline is taken
-        advantages = scored_advantages(t.advantage, rewards.shaped, groups, excluded, baselines=rewards.baseline)
+        advantages = scored_advantages(t.advantage, rewards.shaped, groups, excluded, baselines=rewards.baseline,
+                                       classes=self.sampler.classes(trajectories, t.baseline_by))
         mask_length = self.config.filters.mask_length_stop
         samples = [to_sample(prompt, response, filter_loss_mask(mask, trajectories[i].stop_reason,
                                                                 mask_length_stop=mask_length), logprobs, advantage)

@@ -117,6 +117,9 @@ def config_problems(config: Config) -> list[str]:
                         f"{episodes} episodes (trainer.tasks_per_step x trainer.samples_per_task)")
     if t.advantage not in ("rloo", "reinforce_pp", "rft", "remax") and t.samples_per_task < 2:
         problems.append("trainer.samples_per_task: group advantages need at least 2 samples per task")
+    if t.baseline_by is not None and t.advantage != "reinforce_pp":
+        problems.append(f"trainer.baseline_by: a baseline per class of tasks is reinforce_pp's (batch baseline); "
+                        f"trainer.advantage is {t.advantage}")
     if t.advantage == "remax":  # the greedy baseline episodes are played by the synchronous loop only
         clash = {"trainer.max_staleness": t.max_staleness > 0, "trainer.dynamic_sampling": t.dynamic_sampling,
                  "trainer.kl_in_reward": t.kl_in_reward and t.kl_coef > 0}

@@ -169,6 +169,7 @@ class TrainerConfig:
     # reinforce_pp: batch baseline; rft: imitate the episodes that reached the full reward (no baseline, no negatives);
     # remax: reward minus that of a greedy episode of the same task (played each step, never trained on)
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "rft", "remax"] = "grpo"
+    baseline_by: str | None = None  # reinforce_pp: the baseline per class of tasks with equal description[field]
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None

@@ -66,6 +66,25 @@ def batch_advantages(rewards: Sequence[float], *, eps: float = 1e-6) -> torch.Te
     return ((r - r.mean()) / (r.std(unbiased=True) + eps)).float()
 
 
+def class_baseline_advantages(rewards: Sequence[float], classes: Sequence[Hashable], *,
+                              eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++ with a baseline per class of tasks (``trainer.baseline_by``): reward minus the mean reward of
+    the batch's episodes of the same class (e.g. the request's kind), divided by the batch std of those centred
+    values. The batch baseline's scale, but no contrast across classes: an easy kind's successes are not pushed up
+    because a hard kind failed, so a step's direction no longer depends on the batch's mix of kinds. The baseline
+    depends on the task alone, so the gradient stays unbiased. A class of one, or of equal rewards, gets 0."""
+    if len(rewards) != len(classes):
+        raise ValueError(f"{len(rewards)} rewards but {len(classes)} classes")
+    r = torch.as_tensor(list(rewards), dtype=torch.float64)
+    centred = torch.zeros_like(r)
+    for idx in _groups(classes).values():
+        if len(idx) > 1:
+            centred[idx] = r[idx] - r[idx].mean()
+    if len(r) < 2 or not centred.abs().max() > 0:
+        return torch.zeros(len(r))
+    return (centred / (centred.std(unbiased=True) + eps)).float()
+
+
 SUCCESS = 1.0 - 1e-6  # rft: the full reward
 
 
@@ -118,14 +137,16 @@ def compute_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[
 
 
 def scored_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[Hashable],
-                      errored: Sequence[bool], baselines: Sequence[float | None] | None = None) -> dict[int, float]:
+                      errored: Sequence[bool], baselines: Sequence[float | None] | None = None,
+                      classes: Sequence[Hashable] | None = None) -> dict[int, float]:
     """Advantages of the episodes that can be trained on: {episode index: advantage}.
 
     Errored episodes are left out *before* the group statistics (they have no reward, not reward 0), and a
     group with fewer than two scored episodes has no baseline, so it contributes nothing (except under a batch
     baseline, which every scored episode shares). Under ``rft`` only the successes are returned; under ``remax``
     only the episodes whose reward differs from their greedy baseline (``baselines[i]``; an episode whose greedy
-    twin errored has none and is left out).
+    twin errored has none and is left out). With ``classes`` (``trainer.baseline_by``), ``reinforce_pp`` takes
+    its baseline per class (:func:`class_baseline_advantages`).
     """
     if not len(rewards) == len(group_ids) == len(errored):
         raise ValueError(f"{len(rewards)} rewards, {len(group_ids)} group ids, {len(errored)} error flags")
@@ -143,6 +164,9 @@ def scored_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[H
     usable = scored if name in GROUP_FREE else [i for i in scored if sizes[group_ids[i]] >= 2]
     if not usable:
         return {}
+    if classes is not None and name == "reinforce_pp":
+        adv = class_baseline_advantages([rewards[i] for i in usable], [classes[i] for i in usable])
+        return dict(zip(usable, adv.tolist(), strict=True))
     adv = compute_advantages(name, [rewards[i] for i in usable], [group_ids[i] for i in usable])
     out = dict(zip(usable, adv.tolist(), strict=True))
     return {i: a for i, a in out.items() if a != 0.0} if name == "rft" else out
