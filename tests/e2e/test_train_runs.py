@@ -139,6 +139,30 @@ def test_groups_that_always_succeed_train_only_under_the_batch_baseline(tmp_path
         assert metrics["train"]["grad_norm"] > 0
 
 
+@pytest.mark.parametrize("baseline_by", [None, "kind"])
+def test_a_baseline_per_kind_pushes_nothing_when_every_kind_s_episodes_score_alike(tmp_path, monkeypatch, baseline_by):
+    extra = [] if baseline_by is None else [f"trainer.baseline_by={baseline_by}"]
+    trainer = Trainer(config(tmp_path / "run", "trainer.max_steps=1", "trainer.advantage=reinforce_pp",
+                             "trainer.samples_per_task=1", "trainer.tasks_per_step=8", *extra))
+    monkeypatch.setattr(trainer, "_rollout", lambda specs, temperature, seed, judge=None:
+                        [fake_trajectory(s) for s in specs])
+    kinds = {t.id: t.description["kind"] for d, tasks in trainer.sampler.pools for t in tasks}
+    picked = []
+
+    def rewards(trajectories):  # cancels succeed, every other kind fails: no contrast inside any kind
+        picked.extend(kinds[tr.task_id] for tr in trajectories)
+        values = tuple(1.0 if kinds[tr.task_id] == "cancel" else 0.0 for tr in trajectories)
+        return TrainingRewards(values, values)
+
+    monkeypatch.setattr(trainer, "rewards", rewards)
+    metrics = trainer.train_step()["metrics"]
+    assert "cancel" in picked and len(set(picked)) > 1  # the seed's 8 draws mix kinds
+    if baseline_by is None:  # the batch baseline pushes every cancel up and every other kind down
+        assert metrics["train"]["grad_norm"] > 0
+    else:
+        assert metrics["train"]["grad_norm"] == 0
+
+
 def test_rft_updates_on_the_successful_episodes_only(tmp_path, monkeypatch):
     trainer = Trainer(config(tmp_path / "run", "trainer.max_steps=1", "trainer.advantage=rft", "trainer.samples_per_task=1",
                              "trainer.tasks_per_step=4"))
