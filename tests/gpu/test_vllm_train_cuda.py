@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 
+pytest.importorskip("respx", reason="the mocked judge needs the dev extra (respx); without it only this module skips")
 from tests.e2e.test_train import config, judge  # noqa: F401 - judge: the autouse shaping-judge fixture
 from tests.e2e.test_train_vllm_fake import record_engine_calls
 
