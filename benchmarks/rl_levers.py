@@ -64,6 +64,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--evals", type=int, nargs="*", default=[], help="steps after which to evaluate (and the last)")
     ap.add_argument("--out", required=True, help="run directory (evaluations land in OUT/eval)")
+    ap.add_argument("--reeval", action="store_true",
+                    help="evaluate the cached warm start again under the overrides (e.g. eval.concurrency=1), then stop")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     config = load_config(args.config, [f"run.dir={args.out}", "run.overwrite=true", "trainer.eval_before_train=false",
@@ -72,6 +74,12 @@ def main() -> None:
     kinds = {f"{d.name}/{t.id}": task_kind(t) for d in trainer.domains for t in d.tasks}
     start = from_cache(trainer, Path(args.cache))
     print(f"warm start: {start['success']:.3f} {per_kind(start['tasks'], kinds)}", flush=True)
+    if args.reeval:  # the same weights, evaluated again: what the evaluation's own settings change
+        again = success(trainer, "warm_start_again")
+        flipped = sorted(k for k, v in again["tasks"].items() if v != start["tasks"].get(k))
+        print(f"evaluated again: {again['success']:.3f} {per_kind(again['tasks'], kinds)}; "
+              f"tasks that differ: {', '.join(flipped) or 'none'}", flush=True)
+        return
     clock = 0.0
     for step in range(1, args.steps + 1):
         began = time.perf_counter()
