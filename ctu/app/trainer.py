@@ -31,7 +31,7 @@ from ctu.rollout import components as build
 from ctu.rollout.loop import EpisodeSpec, Trajectory, warn_prompt_budget
 from ctu.rollout.stitch import trajectory_samples
 from ctu.train.checkpoint import clean_stale, list_checkpoints, previous_run, resolve_resume
-from ctu.train.demos import demo_tasks, prepared_samples, warm_start_samples
+from ctu.train.demos import demo_tasks, prepared_samples, replayed_demos, warm_start_samples
 from ctu.train.sync import WeightSync
 from ctu.train.update import release_memory, to_sample
 
@@ -256,7 +256,8 @@ class Trainer:
                    for i, advantage in sorted(advantages.items())
                    for prompt, response, mask, logprobs in trajectory_samples(trajectories[i])]  # one, or an agent's several
         samples = [s for s in samples if any(s.mask)]
-        stats = self.group.update(samples, self.config.sampling.temperature,
+        replay = self.replay_demos()  # trainer.sft_replay: gold demonstrations as successful episodes
+        stats = self.group.update(samples + replay, self.config.sampling.temperature,
                                   seed=self.config.run.seed * 1_000_003 + self.step)
         release_memory()
         sync = self.sync_weights()
@@ -270,7 +271,7 @@ class Trainer:
                         "parse_failure_rate": sum(tr.parse_failures for tr in scored) / max(1, sum(tr.turns for tr in scored)),
                         "turns": mean(tr.turns for tr in scored), "response_tokens": mean(sum(tr.loss_mask) for tr in scored),
                         "stop_reasons": distribution(tr.stop_reason for tr in trajectories),
-                        "trained_episodes": len(samples), "trained_groups": len({groups[i] for i in advantages}),
+                        "trained_episodes": len(samples), "replayed_demos": len(replay), "trained_groups": len({groups[i] for i in advantages}),
                         "dynamic_extra_draws": draws,
                         **({"greedy_reward": mean(b for b in rewards.baseline[::t.samples_per_task] if b is not None)}
                            if rewards.baseline is not None else {})},
@@ -286,6 +287,15 @@ class Trainer:
         if self.rollouts is not None:
             metrics["async"] = self.rollouts.step_metrics(metrics["timing"]["step_s"])
         return {"metrics": metrics, "trajectories": trajectories}
+
+    def replay_demos(self) -> list:
+        """This step's ``trainer.sft_replay`` draw from the warm start's data (seeded by run and step)."""
+        t = self.config.trainer
+        if t.sft_replay and getattr(self, "replay_pool", None) is None:
+            self.replay_pool = warm_start_samples(self.chat, self.domains, t.sft_data,
+                                                  self.config.env.max_context_tokens, exclude=t.sft_exclude)
+        return replayed_demos(self.replay_pool, t.sft_replay, t.sft_replay_advantage,
+                              self.config.run.seed * 1_000_003 + self.step) if t.sft_replay else []
 
     def warm_start(self, demos=None) -> float | None:
         """``trainer.sft_steps`` supervised steps on ``demos`` (default: :func:`warm_start_samples`)."""

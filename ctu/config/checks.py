@@ -127,6 +127,11 @@ def config_problems(config: Config) -> list[str]:
                      "synchronous loop, one per task, with the environment's reward)" for k, on in clash.items() if on]
     if t.lr <= 0:
         problems.append(f"trainer.lr: must be > 0, got {t.lr}")
+    if t.sft_replay < 0:
+        problems.append(f"trainer.sft_replay: demonstrations per RL step must be >= 0, got {t.sft_replay}")
+    if t.sft_replay and not t.sft_replay_advantage > 0:
+        problems.append(f"trainer.sft_replay_advantage: must be > 0 (a gold turn is never pushed down), "
+                        f"got {t.sft_replay_advantage}")
     if t.resume not in (None, "latest") and not Path(t.resume).is_dir():
         problems.append(f"trainer.resume: '{t.resume}' is neither 'latest' nor a checkpoint directory")
     if config.lora.rank < 1:

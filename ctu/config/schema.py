@@ -199,6 +199,10 @@ class TrainerConfig:
     # warm-start batches in equal shares across the demos matching each key (first match wins) and the rest; e.g.
     # [kind=status]: half report-only demonstrations, half writes, whatever the data's mix ([]: uniform draws)
     sft_balance: list[str] = field(default_factory=list)
+    # every RL update also trains on this many warm-start demonstrations (drawn anew each step) as successful
+    # episodes of advantage sft_replay_advantage: PPO-ptx's supervised term, against forgetting the gold turns
+    sft_replay: int = 0
+    sft_replay_advantage: float = 1.0
     ckpt_interval: int = 5
     keep_checkpoints: int = 2
     eval_interval: int = 0  # 0: only before (if eval_before_train) and after training

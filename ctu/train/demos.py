@@ -9,8 +9,10 @@ carry nothing to train on and are left out.
 
 from __future__ import annotations
 
+import random
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from ctu.episode.env import agent_view
 from ctu.train.update import Sample, to_sample
 
 __all__ = ["Demos", "conversation_sample", "demo_tasks", "file_samples", "fit_context", "gold_samples", "gold_turns",
-           "prepared_samples", "warm_start_samples"]
+           "prepared_samples", "replayed_demos", "warm_start_samples"]
 
 
 class Demos(list):
@@ -148,6 +150,14 @@ def warm_start_samples(chat, domains, sft_data: str | None = None, max_tokens: i
     out = Demos(samples)
     out.strata = strata
     return out
+
+
+def replayed_demos(pool: Sequence[Sample], count: int, advantage: float, seed: int) -> list[Sample]:
+    """``trainer.sft_replay``: ``count`` demonstrations of ``pool`` (the warm start's data), drawn without replacement
+    with ``seed``, as successful episodes of advantage ``advantage`` (``trainer.sft_replay_advantage``). On policy
+    their policy-gradient term is ``advantage`` times the supervised loss; they carry no sampler logprobs."""
+    picks = random.Random(seed).sample(range(len(pool)), min(count, len(pool)))
+    return [replace(pool[i], advantage=float(advantage), replayed=True) for i in sorted(picks)]
 
 
 def _stratum(task, keys: Sequence[str]) -> int:

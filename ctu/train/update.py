@@ -43,6 +43,7 @@ class Sample:
     mask: list[int]  # over next-token positions (len(ids) - 1): 1 where the token was sampled
     sampler_logprobs: list[float]  # aligned with mask
     advantage: float
+    replayed: bool = False  # a gold demonstration (trainer.sft_replay): no sampler logprobs, no mismatch to count
 
 
 # What a data-parallel rank without episodes runs so that it takes part in every collective (zero weight).
@@ -107,17 +108,21 @@ def collate(samples: Sequence[Sample], device, weights: Sequence[torch.Tensor] |
     attn = torch.zeros((len(samples), width), dtype=torch.long)
     mask = torch.zeros((len(samples), width - 1))
     sampler = torch.zeros((len(samples), width - 1))
+    measured = torch.zeros((len(samples), width - 1))  # the mask of the sampled rows (replayed demos: none)
     weight = torch.zeros((len(samples), width - 1))
     for row, s in enumerate(samples):  # right padding; padded positions are masked out
         ids[row, : len(s.ids)] = torch.tensor(s.ids)
         attn[row, : len(s.ids)] = 1
         mask[row, : len(s.mask)] = torch.tensor(s.mask, dtype=torch.float)
         sampler[row, : len(s.sampler_logprobs)] = torch.tensor(s.sampler_logprobs)
+        if not s.replayed:
+            measured[row, : len(s.mask)] = mask[row, : len(s.mask)]
         if weights is not None:
             weight[row, : len(s.mask)] = weights[row]
     adv = torch.tensor([s.advantage for s in samples])
     return {k: v.to(device) for k, v in
-            {"ids": ids, "attn": attn, "mask": mask, "sampler": sampler, "adv": adv, "weight": weight}.items()}
+            {"ids": ids, "attn": attn, "mask": mask, "sampler": sampler, "measured": measured, "adv": adv,
+              "weight": weight}.items()}
 
 
 @torch.no_grad()
@@ -192,9 +197,10 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     masks = [torch.tensor(s.mask, dtype=torch.float) * (0.0 if filler else 1.0) for s in samples]
     norm_length = max(int(m.sum()) for m in masks)  # Dr.GRPO's constant: the longest response of this update
     stats["trained_tokens"] = float(sum(float(m.sum()) for m in masks))
+    sampled = float(sum(float(m.sum()) for m, s in zip(masks, samples, strict=True) if not s.replayed))
     if reduce is not None:
         norm_length = int(reduce([float(norm_length)], "max")[0])
-        stats["trained_tokens"] = reduce([stats["trained_tokens"]], "sum")[0]
+        stats["trained_tokens"], sampled = reduce([stats["trained_tokens"], sampled], "sum")
     rng = random.Random(seed)
     parts = cfg.mini_batches if reduce is None else int(reduce([float(min(cfg.mini_batches, len(samples)))], "min")[0])
     # The policy before this update (and the reference), scored once per episode in eval mode. One optimizer
@@ -225,7 +231,7 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
             if ref is not None:
                 ref[i] = torch.zeros(n) if filler else rlp[row, :n].cpu()
         if lp is not None and not (dummy or filler):
-            mismatch_sum += float(((lp - b["sampler"]).abs() * b["mask"]).sum())
+            mismatch_sum += float(((lp - b["sampler"]).abs() * b["measured"]).sum())
     if scores:
         release_gathered(policy)
     steps = 0
@@ -249,7 +255,7 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     elif reduce is not None:
         mismatch_sum = reduce([mismatch_sum], "sum")[0]
     del sums["mismatch"]
-    stats["sampler_trainer_logprob_diff"] = mismatch_sum / max(1.0, stats["trained_tokens"])
+    stats["sampler_trainer_logprob_diff"] = mismatch_sum / max(1.0, sampled)
     for key, value in sums.items():
         stats[key] = value / steps
     return stats
@@ -291,10 +297,11 @@ def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[
         if old is None:
             old_b = logp.detach()
             if not (dummy or filler):
-                step["mismatch"] += float(((old_b - b["sampler"]).abs() * b["mask"]).sum())
+                step["mismatch"] += float(((old_b - b["sampler"]).abs() * b["measured"]).sum())
         else:
             old_b = _pad([old[i] for i in idx], width, device)
-        tis = truncated_importance_weights(old_b, b["sampler"], cfg.tis_cap) if cfg.tis_cap else None
+        sampler = torch.where(b["measured"] > 0, b["sampler"], old_b)  # a replayed demo's weight is 1
+        tis = truncated_importance_weights(old_b, sampler, cfg.tis_cap) if cfg.tis_cap else None
         per_token, clipped = ppo_clip_per_token(logp, old_b, b["adv"], clip_low=cfg.clip_low,
                                                 clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, token_weights=tis)
         pg = (per_token * b["weight"]).sum()

@@ -227,3 +227,18 @@ def test_remax_refuses_what_its_greedy_baselines_cannot_serve(tmp_path, monkeypa
     key = clash.split("=")[0]
     with pytest.raises(ConfigError, match=f"trainer.advantage: remax cannot be combined with {key}"):
         Trainer(config(tmp_path / "run", "trainer.advantage=remax", *clash.split()))
+
+
+@pytest.mark.parametrize("replay", [0, 3])
+def test_sft_replay_adds_gold_demos_to_each_update_as_successful_episodes(tmp_path, monkeypatch, replay):
+    trainer = Trainer(config(tmp_path / "run", "trainer.max_steps=1", "trainer.advantage=reinforce_pp",
+                             "trainer.samples_per_task=1", "trainer.tasks_per_step=4", f"trainer.sft_replay={replay}"))
+    monkeypatch.setattr(trainer, "_rollout", lambda specs, temperature, seed, judge=None:
+                        [fake_trajectory(s) for s in specs])
+    monkeypatch.setattr(trainer, "rewards", lambda trajectories: TrainingRewards((0.0,) * 4, (0.0,) * 4))
+    metrics = trainer.train_step()["metrics"]  # every episode failed alike: the batch baseline pushes nothing
+    assert metrics["rollout"]["trained_episodes"] == 4 and metrics["rollout"]["replayed_demos"] == replay
+    if replay:  # the demos alone move the policy toward the gold turns
+        assert metrics["train"]["grad_norm"] > 0 and metrics["train"]["trained_tokens"] > 0
+    else:
+        assert metrics["train"]["grad_norm"] == 0
