@@ -66,6 +66,9 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="run directory (evaluations land in OUT/eval)")
     ap.add_argument("--reeval", action="store_true",
                     help="evaluate the cached warm start again under the overrides (e.g. eval.concurrency=1), then stop")
+    ap.add_argument("--replay-only", action="store_true",
+                    help="the control of trainer.sft_replay: each step updates on its replayed demonstrations alone "
+                         "(no rollout, no RL term), with the same optimizer, schedule and draws")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     config = load_config(args.config, [f"run.dir={args.out}", "run.overwrite=true", "trainer.eval_before_train=false",
@@ -84,13 +87,23 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         began = time.perf_counter()
         trainer.step += 1
-        metrics = trainer.train_step()["metrics"]
-        clock += time.perf_counter() - began
-        r, tm = metrics["rollout"], metrics["timing"]
-        greedy = f", greedy {r['greedy_reward']:.3f}" if "greedy_reward" in r else ""
-        print(f"step {step}: {clock:.0f}s, reward {r['reward']:.3f} ({r['episodes']} episodes{greedy}, "
-              f"{r['trained_episodes']} trained), rollout {tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, "
-              f"entropy {metrics['train']['entropy']:.3f}", flush=True)
+        if args.replay_only:
+            demos = trainer.replay_demos()
+            stats = trainer.group.update(demos, config.sampling.temperature,
+                                         seed=config.run.seed * 1_000_003 + trainer.step)
+            trainer.sync_weights()
+            clock += time.perf_counter() - began
+            print(f"step {step}: {clock:.0f}s, {len(demos)} demonstrations replayed alone, loss {stats['loss']:.3f}",
+                  flush=True)
+        else:
+            metrics = trainer.train_step()["metrics"]
+            clock += time.perf_counter() - began
+            r, tm = metrics["rollout"], metrics["timing"]
+            greedy = f", greedy {r['greedy_reward']:.3f}" if "greedy_reward" in r else ""
+            print(f"step {step}: {clock:.0f}s, reward {r['reward']:.3f} ({r['episodes']} episodes{greedy}, "
+                  f"{r['trained_episodes']} trained, {r['replayed_demos']} demonstrations replayed), rollout "
+                  f"{tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, entropy {metrics['train']['entropy']:.3f}",
+                  flush=True)
         if step in args.evals or step == args.steps:
             e = success(trainer, f"step_{step}")
             print(f"after {step} steps: {e['success']:.3f} (95% CI {e['ci']}), change {e['success'] - start['success']:+.3f}; "
