@@ -127,8 +127,6 @@ def config_problems(config: Config) -> list[str]:
                      "synchronous loop, one per task, with the environment's reward)" for k, on in clash.items() if on]
     if t.lr <= 0:
         problems.append(f"trainer.lr: must be > 0, got {t.lr}")
-    if t.sft_replay < 0:
-        problems.append(f"trainer.sft_replay: demonstrations per RL step must be >= 0, got {t.sft_replay}")
     if t.sft_replay and not t.sft_replay_advantage > 0:
         problems.append(f"trainer.sft_replay_advantage: must be > 0 (a gold turn is never pushed down), "
                         f"got {t.sft_replay_advantage}")
@@ -197,7 +195,7 @@ def _update_problems(config: Config) -> list[str]:
     non_negative = {"trainer.warmup_steps": t.warmup_steps, "trainer.kl_coef": t.kl_coef,
                     "trainer.entropy_coef": t.entropy_coef, "trainer.weight_decay": t.weight_decay,
                     "trainer.sft_steps": t.sft_steps, "trainer.eval_interval": t.eval_interval,
-                    "trainer.examples_count": t.examples_count,
+                    "trainer.examples_count": t.examples_count, "trainer.sft_replay": t.sft_replay,
                     "trainer.dynamic_sampling_max_draws": t.dynamic_sampling_max_draws}
     out += [f"{k}: must be >= 0, got {v}" for k, v in non_negative.items() if v < 0]
     positive = {"trainer.grad_clip": t.grad_clip, "trainer.sft_lr": t.sft_lr, "trainer.sft_batch_size": t.sft_batch_size,
