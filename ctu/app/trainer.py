@@ -31,7 +31,7 @@ from ctu.rollout import components as build
 from ctu.rollout.loop import EpisodeSpec, Trajectory, warn_prompt_budget
 from ctu.rollout.stitch import trajectory_samples
 from ctu.train.checkpoint import clean_stale, list_checkpoints, previous_run, resolve_resume
-from ctu.train.demos import demo_tasks, prepared_samples, replayed_demos, warm_start_samples
+from ctu.train.demos import demo_tasks, prepared_samples, replay_note, replayed_demos, warm_start_samples
 from ctu.train.sync import WeightSync
 from ctu.train.update import release_memory, to_sample
 
@@ -105,6 +105,8 @@ class Trainer:
             demo_tasks(self.domains, config.trainer.sft_exclude)
         self.group = build_trainer_group(config)
         print(self.group.precision_note)
+        if note := replay_note(config.trainer):  # trainer.sft_replay: demos in every RL update, said once
+            print(note)
         self.group.release_memory()  # what building the policy cached, before an engine starts beside it
         self.chat = build.build_chat(config, tokenizer=self.group.tokenizer)
         warn_prompt_budget(self.chat, self.domains, config.env.max_context_tokens)

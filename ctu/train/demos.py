@@ -21,7 +21,7 @@ from ctu.episode.env import agent_view
 from ctu.train.update import Sample, to_sample
 
 __all__ = ["Demos", "conversation_sample", "demo_tasks", "file_samples", "fit_context", "gold_samples", "gold_turns",
-           "prepared_samples", "replayed_demos", "warm_start_samples"]
+           "prepared_samples", "replay_note", "replayed_demos", "warm_start_samples"]
 
 
 class Demos(list):
@@ -158,6 +158,16 @@ def replayed_demos(pool: Sequence[Sample], count: int, advantage: float, seed: i
     their policy-gradient term is ``advantage`` times the supervised loss; they carry no sampler logprobs."""
     picks = random.Random(seed).sample(range(len(pool)), min(count, len(pool)))
     return [replace(pool[i], advantage=float(advantage), replayed=True) for i in sorted(picks)]
+
+
+def replay_note(trainer) -> str | None:
+    """The line a run prints once at start when ``trainer.sft_replay`` puts demonstrations into every RL update."""
+    if not trainer.sft_replay:
+        return None
+    source = f"trainer.sft_data ({trainer.sft_data})" if trainer.sft_data else "the gold demonstrations"
+    return (f"trainer.sft_replay={trainer.sft_replay}: every RL update also trains on {trainer.sft_replay} of "
+            f"{source} as successful episodes (advantage {trainer.sft_replay_advantage:g}); "
+            f"trainer.sft_replay=0 for RL alone")
 
 
 def _stratum(task, keys: Sequence[str]) -> int:

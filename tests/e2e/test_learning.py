@@ -4,7 +4,7 @@ The task (tests/word_domain.py): name the fruit of the day, "pear". The starting
 taught (here, by plain supervised steps outside the trainer) to answer with one of eight fruits, pear
 rarely (weight 1 of 15), so it answers well-formed but mostly wrong. Only GRPO, through the whole loop
 (rollouts -> rewards -> group advantages -> PPO-clip updates -> the engine sees the new weights), can
-raise the success; no gold answer is ever shown to the trainer (trainer.sft_steps=0).
+raise the success; no gold answer is ever shown to the trainer (trainer.sft_steps=0, trainer.sft_replay=0).
 """
 
 import asyncio
@@ -58,7 +58,7 @@ def test_grpo_takes_a_tiny_model_from_chance_to_mastery(tmp_path):
         f"model.path={model_dir}", "lora.enabled=false", f"env.domains=[{DOMAIN}]", f"run.dir={tmp_path / 'run'}",
         "env.max_turns=2", "sampling.max_tokens=8", "sampling.temperature=1.0", "sampling.top_p=1.0",
         "eval.temperature=1.0", "eval.samples_per_task=8", "trainer.eval_max_tasks=8",
-        "trainer.sft_steps=0", "trainer.max_steps=30", "trainer.tasks_per_step=4", "trainer.samples_per_task=8",
+        "trainer.sft_steps=0", "trainer.sft_replay=0", "trainer.max_steps=30", "trainer.tasks_per_step=4", "trainer.samples_per_task=8",
         "trainer.lr=1e-3", "trainer.warmup_steps=0", "trainer.kl_coef=0", "trainer.advantage=grpo", "trainer.ckpt_interval=100",
         "trainer.examples_interval=100", "trainer.export=false"])
     summary = Trainer(config).run()

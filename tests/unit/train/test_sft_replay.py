@@ -85,3 +85,15 @@ def test_bad_replay_settings_are_one_line_errors_naming_the_field(overrides, fie
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as err:
         load_config(None, ["model.path=tiny-random", *overrides])
     assert "\n" not in str(err.value)
+
+
+def test_a_run_that_replays_demos_says_so_once_at_start():
+    """The quickstart replays gold demos in every update: a user who sets trainer.sft_steps=0 for "RL alone" must
+    be told that demonstrations still reach the update, and how to turn them off."""
+    from ctu.train.demos import replay_note
+
+    cfg = load_config("configs/quickstart.yaml", ["trainer.sft_steps=0"])
+    note = replay_note(cfg.trainer)
+    assert note.count("\n") == 0 and "trainer.sft_replay=4" in note and "1.5" in note
+    assert "trainer.sft_replay=0" in note  # how to get RL alone
+    assert replay_note(load_config("configs/quickstart.yaml", ["trainer.sft_replay=0"]).trainer) is None
