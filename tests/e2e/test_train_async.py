@@ -24,7 +24,7 @@ GOLDEN_WEIGHTS = {"sum": -0.7605072390579153, "sq": 74.04180904913603}
 
 def overrides(run_dir, *extra):
     return ["model.path=tiny-random", f"run.dir={run_dir}", "trainer.tasks_per_step=2", "trainer.samples_per_task=2",
-            "trainer.sft_steps=0", "trainer.eval_max_tasks=1", "sampling.max_tokens=8", "env.max_turns=2",
+            "trainer.sft_steps=0", "trainer.sft_replay=0", "trainer.eval_max_tasks=1", "sampling.max_tokens=8", "env.max_turns=2",
             "trainer.lr=1e-3", "shaping.enabled=true", "trainer.eval_before_train=false", "trainer.export=false",
             "shaping.base_url=http://shaping-judge.test/v1", "shaping.api_key_env=SHAPING_KEY", *extra]
 
@@ -68,11 +68,13 @@ def test_max_staleness_0_is_the_synchronous_loop_number_for_number(tmp_path, mon
 def test_ctu_train_three_steps_at_max_staleness_1_records_the_async_metrics(tmp_path):
     run_dir = tmp_path / "run"
     k1 = ["trainer.max_staleness=1", "trainer.tis_cap=2.0", "trainer.eval_interval=2"]  # an evaluation mid-run
-    assert main(["train", "configs/quickstart.yaml", *overrides(run_dir, "trainer.max_steps=3", *k1)]) == 0
+    replay = ["trainer.sft_replay=2"]  # the quickstart's replayed demos ride along with stale rollouts
+    assert main(["train", "configs/quickstart.yaml", *overrides(run_dir, "trainer.max_steps=3", *k1, *replay)]) == 0
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3] and any(k.startswith("eval/") for k in rows[1])
     for r in rows:
         assert r["rollout/trained_groups"] == 2 and r["sync/version"] == r["step"]
+        assert r["rollout/replayed_demos"] == 2
         assert 0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= 1
         for key in ("async/dropped_groups", "async/trainer_wait_s", "async/engine_busy_s", "async/engine_idle_s",
                     "async/trainer_idle_fraction", "async/engine_idle_fraction"):

@@ -15,10 +15,11 @@ from ctu.train.update import sequence_kl
 
 
 def config(run_dir, *extra):
+    """The preset's loop on tiny-random, RL alone (no warm start, no replayed demos: the RL mechanics under test)."""
     return load_config("configs/quickstart.yaml", [
         "model.path=tiny-random", f"run.dir={run_dir}", "trainer.tasks_per_step=2", "trainer.samples_per_task=2",
-        "trainer.sft_steps=0", "trainer.eval_max_tasks=2", "sampling.max_tokens=8", "env.max_turns=2",
-        "trainer.ckpt_interval=1", "trainer.eval_before_train=false", "trainer.export=false", *extra])
+        "trainer.sft_steps=0", "trainer.sft_replay=0", "trainer.eval_max_tasks=2", "sampling.max_tokens=8",
+        "env.max_turns=2", "trainer.ckpt_interval=1", "trainer.eval_before_train=false", "trainer.export=false", *extra])
 
 
 def no_model_load(monkeypatch):
