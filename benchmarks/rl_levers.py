@@ -102,7 +102,8 @@ def main() -> None:
             greedy = f", greedy {r['greedy_reward']:.3f}" if "greedy_reward" in r else ""
             print(f"step {step}: {clock:.0f}s, reward {r['reward']:.3f} ({r['episodes']} episodes{greedy}, "
                   f"{r['trained_episodes']} trained, {r['replayed_demos']} demonstrations replayed), rollout "
-                  f"{tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, entropy {metrics['train']['entropy']:.3f}",
+                  f"{tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, entropy {metrics['train']['entropy']:.3f}, "
+                  f"peak RSS {tm['peak_rss_gib']:.2f} GiB",
                   flush=True)
         if step in args.evals or step == args.steps:
             e = success(trainer, f"step_{step}")
