@@ -37,6 +37,43 @@ def per_kind(tasks: dict[str, float], kinds: dict[str, str]) -> str:
     return " ".join(f"{k}={s:g}/{n}" for k, (s, n) in sorted(counts.items()))
 
 
+class PhasePeaks:
+    """Peak RSS of each phase of a step (``--phase-rss``): the kernel's high-water mark (``VmHWM``, Linux) is reset
+    when a wrapped phase begins and read when it ends; ``overall`` keeps the run's maximum, which the reset takes
+    from ``ru_maxrss`` (so the trainer's own ``peak_rss_gib`` no longer holds while this is on)."""
+
+    def __init__(self):
+        self.peaks: dict[str, float] = {}
+        self.overall = 0.0
+
+    @staticmethod
+    def high_water_gib() -> float:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20
+        raise RuntimeError("no VmHWM in /proc/self/status")
+
+    def wrap(self, owner, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+
+        def measured(*args, **kwargs):
+            self.overall = max(self.overall, self.high_water_gib())
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                peak = self.high_water_gib()
+                self.peaks[label] = max(self.peaks.get(label, 0.0), peak)
+                self.overall = max(self.overall, peak)
+
+        setattr(owner, name, measured)
+
+    def line(self) -> str:
+        text = ", ".join(f"{k} {v:.2f}" for k, v in self.peaks.items())
+        self.peaks.clear()
+        return f"peak RSS by phase (GiB): {text}; run {self.overall:.2f}"
+
+
 def from_cache(trainer: Trainer, cache: Path) -> dict:
     """The warm start's weights from ``cache`` (made there first if missing) and its evaluation; the engine synced."""
     if cache.exists():
@@ -69,13 +106,35 @@ def main() -> None:
     ap.add_argument("--replay-only", action="store_true",
                     help="the control of trainer.sft_replay: each step updates on its replayed demonstrations alone "
                          "(no rollout, no RL term), with the same optimizer, schedule and draws")
+    ap.add_argument("--phase-rss", action="store_true",
+                    help="print each step's peak RSS by phase (rollout, update) as well (Linux)")
+    ap.add_argument("--bf16-matmuls-in-fp32", action="store_true",
+                    help="bf16 numerics on a CPU without native bf16: CTU_NATIVE_BF16=1 (trainer.autocast=auto picks "
+                         "bf16) and the trainer's bf16 matmuls computed in fp32 and rounded (benchmarks/bf16_matmuls.py)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if args.bf16_matmuls_in_fp32:
+        import os
+
+        from bf16_matmuls import BF16MatmulsInFP32
+
+        os.environ["CTU_NATIVE_BF16"] = "1"
+        with BF16MatmulsInFP32():
+            run(args)
+    else:
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     config = load_config(args.config, [f"run.dir={args.out}", "run.overwrite=true", "trainer.eval_before_train=false",
                                        *args.overrides])
     trainer = Trainer(config)
     kinds = {f"{d.name}/{t.id}": task_kind(t) for d in trainer.domains for t in d.tasks}
     start = from_cache(trainer, Path(args.cache))
+    phases = PhasePeaks() if args.phase_rss else None
+    if phases:
+        phases.wrap(trainer, "_rollout", "rollout")
+        phases.wrap(trainer.group, "update", "update")
     print(f"warm start: {start['success']:.3f} {per_kind(start['tasks'], kinds)}", flush=True)
     if args.reeval:  # the same weights, evaluated again: what the evaluation's own settings change
         again = success(trainer, "warm_start_again")
@@ -105,6 +164,8 @@ def main() -> None:
                   f"{tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, entropy {metrics['train']['entropy']:.3f}, "
                   f"peak RSS {tm['peak_rss_gib']:.2f} GiB",
                   flush=True)
+        if phases:
+            print(f"step {step}: {phases.line()}", flush=True)
         if step in args.evals or step == args.steps:
             e = success(trainer, f"step_{step}")
             print(f"after {step} steps: {e['success']:.3f} (95% CI {e['ci']}), change {e['success'] - start['success']:+.3f}; "
