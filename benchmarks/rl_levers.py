@@ -106,6 +106,9 @@ def main() -> None:
     ap.add_argument("--replay-only", action="store_true",
                     help="the control of trainer.sft_replay: each step updates on its replayed demonstrations alone "
                          "(no rollout, no RL term), with the same optimizer, schedule and draws")
+    ap.add_argument("--no-final-eval", action="store_true", help="evaluate only after the --evals steps")
+    ap.add_argument("--logit-budget", type=int, help="fp32 logit elements per lm_head chunk in the trainer's passes "
+                    "(ctu.train.logprobs.LOGIT_BUDGET)")
     ap.add_argument("--phase-rss", action="store_true",
                     help="print each step's peak RSS by phase (rollout, update) as well (Linux)")
     ap.add_argument("--bf16-matmuls-in-fp32", action="store_true",
@@ -126,6 +129,10 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.logit_budget:
+        import ctu.train.logprobs
+
+        ctu.train.logprobs.LOGIT_BUDGET = args.logit_budget
     config = load_config(args.config, [f"run.dir={args.out}", "run.overwrite=true", "trainer.eval_before_train=false",
                                        *args.overrides])
     trainer = Trainer(config)
@@ -166,7 +173,7 @@ def run(args: argparse.Namespace) -> None:
                   flush=True)
         if phases:
             print(f"step {step}: {phases.line()}", flush=True)
-        if step in args.evals or step == args.steps:
+        if step in args.evals or (step == args.steps and not args.no_final_eval):
             e = success(trainer, f"step_{step}")
             print(f"after {step} steps: {e['success']:.3f} (95% CI {e['ci']}), change {e['success'] - start['success']:+.3f}; "
                   f"{per_kind(e['tasks'], kinds)}", flush=True)

@@ -21,7 +21,7 @@ micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
   checkpointing only each layer's input is kept (r_bytes h per layer; r_bytes = 4 in full fine-tuning, whose
   fp32 embedding makes the residual stream fp32) plus one layer recomputed and its gradients: (L r h + 2A) T.
   Both add (r + 8 + 2b) h T for the embedding output, final norm and gathered hidden states.
-- logit chunk: C = min(LOGIT_BUDGET, T V) fp32 elements (ctu.train.logprobs), held 6 times in the chunk's
+- logit chunk: C = min(trainer.logit_chunk_mib / 4 bytes, T V) fp32 elements (ctu.train.logprobs), held 6 times in the chunk's
   backward (its recompute saves logits, log_softmax, exp and the entropy product; two gradients in flight) plus
   the lm_head output in the compute dtype, plus (full fine-tuning) one lm_head weight gradient V h 4 computed
   per chunk before it is accumulated.
@@ -221,7 +221,7 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
     else:
         parts[name.format("no checkpointing")] = act_full
         other = (name.format("with checkpointing"), act_ckpt)
-    chunk = min(LOGIT_BUDGET, tokens * a.vocab)
+    chunk = min(t.logit_chunk_mib * 2**20 // 4, tokens * a.vocab)  # trainer.logit_chunk_mib, in fp32 elements
     parts["logit chunk"] = chunk * (24 + (b if b < 4 else 0)) + (0 if lora else 4 * a.vocab * a.hidden)
     if n > 1:
         root = a.vocab * a.hidden * (1 if a.tied else 2)

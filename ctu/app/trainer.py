@@ -23,6 +23,7 @@ from ctu.config.runlock import RunDirLock
 from ctu.config.schema import Config, ConfigError, save_config, to_dict, training_problems
 from ctu.distributed.group import LocalTrainer, TrainerGroup, sft_batches
 from ctu.distributed.ray_setup import preflight
+from ctu.engines.host_memory import release_memory
 from ctu.observe.metrics import distribution, mean, peak_rss_gib
 from ctu.observe.tracking import Tracker, eval_phase, record_eval
 from ctu.rl.advantages import informative_groups, scored_advantages
@@ -33,7 +34,7 @@ from ctu.rollout.stitch import trajectory_samples
 from ctu.train.checkpoint import clean_stale, list_checkpoints, previous_run, resolve_resume
 from ctu.train.demos import demo_tasks, prepared_samples, replay_note, replayed_demos, warm_start_samples
 from ctu.train.sync import WeightSync
-from ctu.train.update import release_memory, to_sample
+from ctu.train.update import to_sample
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,7 @@ def config_problems(config: Config) -> list[str]:
     train_positive = {"trainer.max_steps": t.max_steps, "trainer.tasks_per_step": t.tasks_per_step,
                       "trainer.samples_per_task": t.samples_per_task, "trainer.mini_batches": t.mini_batches,
                       "trainer.ppo_epochs": t.ppo_epochs, "trainer.micro_batch_tokens": t.micro_batch_tokens,
+                      "trainer.logit_chunk_mib": t.logit_chunk_mib,
                       "trainer.ckpt_interval": t.ckpt_interval, "trainer.keep_checkpoints": t.keep_checkpoints}
     problems += [f"{k}: must be >= 1, got {v}" for k, v in train_positive.items() if v < 1]
     episodes = t.tasks_per_step * t.samples_per_task

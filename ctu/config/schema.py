@@ -163,6 +163,9 @@ class TrainerConfig:
     mini_batches: int = 1  # optimizer updates per rollout batch (per epoch)
     ppo_epochs: int = 1
     micro_batch_tokens: int = 4096  # token budget of one forward/backward pass
+    # fp32 logits one lm_head chunk of the trainer's passes may hold (MiB): the update's backward keeps about six
+    # such chunks at its peak (ctu plan's "logit chunk"); smaller chunks are the same numbers in more lm_head calls
+    logit_chunk_mib: int = 128
     # count the episodes' common prefix (system prompt) once when packing micro-batches: more rows a forward, fewer
     # prefix passes (SmolLM2 warm start: 16% faster) but more attention memory (+1.1 GiB at 1024 tokens)
     pack_shared_prefix: bool = False

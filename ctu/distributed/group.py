@@ -139,7 +139,7 @@ class TrainerGroup(ABC):
 
     def release_memory(self) -> None:
         """Give freed host memory back and empty the CUDA cache (before a colocated engine starts or wakes)."""
-        from ctu.train.update import release_memory
+        from ctu.engines.host_memory import release_memory
 
         release_memory()
 
@@ -180,7 +180,8 @@ class LocalTrainer(TrainerGroup):
         return sequence_kl(self.policy, samples, self.config.trainer, temperature)
 
     def sft(self, demos, batches, on_step=None):
-        from ctu.train.update import release_memory, sft_update
+        from ctu.engines.host_memory import release_memory
+        from ctu.train.update import sft_update
 
         t = self.config.trainer
         optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=t.sft_lr, weight_decay=0.0)

@@ -95,7 +95,7 @@ class TrainerRank:
         return self.policy.precision_note
 
     def release_memory(self) -> None:
-        from ctu.train.update import release_memory
+        from ctu.engines.host_memory import release_memory
 
         release_memory()
 
@@ -118,7 +118,8 @@ class TrainerRank:
         return sequence_kl(self.policy, samples, self.config.trainer, temperature, reduce=self.reduce)
 
     def sft_step(self, samples, lr: float, first: bool) -> float:
-        from ctu.train.update import release_memory, sft_update
+        from ctu.engines.host_memory import release_memory
+        from ctu.train.update import sft_update
 
         if first:
             self.sft_optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=lr, weight_decay=0.0)

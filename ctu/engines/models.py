@@ -167,10 +167,14 @@ def load_tokenizer(name_or_path: str):
 
 
 def load_model(name_or_path: str, dtype=None, device: str | None = None):
-    """A causal LM in one dtype (fp32 on CPU, bf16 on CUDA by default)."""
+    """A causal LM in one dtype (fp32 on CPU, bf16 on CUDA by default). Every process that loads one fixes glibc's
+    mmap threshold first (:func:`ctu.engines.host_memory.bound_heap`): freed tensors leave, not fragment, the heap."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from ctu.engines.host_memory import bound_heap
+
+    bound_heap()
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype is None:

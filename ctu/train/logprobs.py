@@ -19,6 +19,8 @@ from ctu.engines.precision import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR, compute_
 from ctu.engines.shared_prefix import needed_hidden, needed_logits
 
 LOGIT_BUDGET = 1 << 25  # fp32 logit elements per chunk (128 MiB), unless ``chunk`` says otherwise
+# a model's own budget (``trainer.logit_chunk_mib``, set by ``build_policy``), in fp32 logit elements
+LOGIT_BUDGET_ATTR = "ctu_logit_budget"
 
 
 def body_and_head(model: torch.nn.Module):
@@ -57,7 +59,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 
     Returns (logprobs [B, T-1], entropy [B, T-1] or None). ``needed`` [B, T-1] (e.g. the loss mask) limits
     the work to the positions some row scores; positions no row scores come back as 0. ``chunk``: positions
-    per lm_head chunk (default: as many as fit ``LOGIT_BUDGET`` fp32 logits). The entropy carries a
+    per lm_head chunk (default: as many as fit the model's ``trainer.logit_chunk_mib``, else ``LOGIT_BUDGET``, fp32
+    logits). The entropy carries a
     gradient when gradients are enabled (``entropy_grad=False`` detaches it), so an entropy bonus in the
     loss changes the gradient. ``train``: a trainer pass, autocast to ``trainer.autocast``'s dtype when set
     (default: when gradients are enabled; the update's scoring passes say so, so its ratios compare like with like).
@@ -75,7 +78,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         if positions.numel() == 0:
             return out, entropy_out
         vocab = head.out_features if head is not None and hasattr(head, "out_features") else states.shape[-1]
-        size = chunk if chunk and chunk > 0 else max(1, LOGIT_BUDGET // max(1, batch * vocab))
+        budget = getattr(model, LOGIT_BUDGET_ATTR, None) or LOGIT_BUDGET
+        size = chunk if chunk and chunk > 0 else max(1, budget // max(1, batch * vocab))
         fn = _chunk_fn(head, temperature, with_entropy)
         targets = input_ids[:, positions + 1]
         grad = torch.is_grad_enabled()

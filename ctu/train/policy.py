@@ -24,7 +24,13 @@ import torch
 from ctu.config.schema import Config
 from ctu.engines.hf_api import enable_checkpointing, quiet_peft_wrap
 from ctu.engines.precision import cpu_bf16_support, resolve_autocast
-from ctu.train.logprobs import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR, compute_context, token_logprobs
+from ctu.train.logprobs import (
+    COMPUTE_DTYPE_ATTR,
+    LOGIT_BUDGET_ATTR,
+    TRAIN_DTYPE_ATTR,
+    compute_context,
+    token_logprobs,
+)
 from ctu.train.weights import absorb_lora, export, hf_name, merged_named_tensors
 
 __all__ = ["Policy", "assert_precision_policy", "build_policy", "export", "hf_name", "token_logprobs"]
@@ -156,6 +162,7 @@ def build_policy(config: Config, device: str | None = None) -> Policy:
     setattr(model, COMPUTE_DTYPE_ATTR, compute)
     train_dtype, precision_note = resolve_autocast(config.trainer.autocast, device)
     setattr(model, TRAIN_DTYPE_ATTR, train_dtype)  # None: the trainer computes as the engine
+    setattr(model, LOGIT_BUDGET_ATTR, config.trainer.logit_chunk_mib * 2**20 // 4)  # fp32 logits per lm_head chunk
     tokenizer = load_tokenizer(config.model.path)
     if config.trainer.gradient_checkpointing:
         enable_checkpointing(model)

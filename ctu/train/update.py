@@ -378,24 +378,3 @@ def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], token_budge
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return reduce([loss_sum], "sum")[0] if reduce is not None else loss_sum
-
-
-def release_memory() -> None:
-    """Hand freed memory back between phases. Generation runs in a worker thread and training in the main thread,
-    so glibc keeps each phase's peak in its own arena; trimming keeps the process's peak at the largest phase
-    instead of their sum (quickstart: 4.5 GB -> see README). On CUDA, torch's caching allocator keeps what the
-    trainer freed (the fp32 load, every step's activations) reserved; vLLM allocates outside it, so the cache is
-    emptied before an engine starts or wakes (:class:`ctu.train.sync.WeightSync`)."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()
-    if torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-    name = ctypes.util.find_library("c")
-    if name:
-        try:
-            ctypes.CDLL(name).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc
-            pass

@@ -65,9 +65,10 @@ def test_table_matches_published_sizes_and_logit_budget():
                  "smollm2-135m": 1.35e8, "qwen2.5-0.5b": 4.94e8, "qwen2.5-1.5b": 1.54e9}
     for name, size in published.items():
         assert parameter_count(ARCHITECTURES[name]) == pytest.approx(size, rel=0.01), name
+    from ctu.config.schema import Config
     from ctu.train.logprobs import LOGIT_BUDGET as TRAINER_BUDGET
 
-    assert LOGIT_BUDGET == TRAINER_BUDGET
+    assert LOGIT_BUDGET == TRAINER_BUDGET == Config().trainer.logit_chunk_mib * 2**20 // 4
 
 
 def test_local_config_json_is_read(tmp_path):

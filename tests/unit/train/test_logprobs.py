@@ -105,3 +105,38 @@ def test_no_full_fp32_logits_in_forward_or_backward(model):
     assert positions > 8 * chunk
     assert mode.largest <= rows * chunk * VOCAB  # one chunk of logits at a time
     assert mode.largest < rows * positions * VOCAB / 4
+
+
+def test_a_models_logit_budget_bounds_its_chunks_with_the_same_numbers(model):
+    """``trainer.logit_chunk_mib`` reaches every pass as the model's budget (``LOGIT_BUDGET_ATTR``): chunks of at
+    most that many fp32 logits, in forward and backward, and the same logprobs, entropies and gradients."""
+    from ctu.train.logprobs import LOGIT_BUDGET_ATTR
+
+    ids, attn, needed = batch(prefix=24, suffixes=(60, 70, 65))
+    rows = ids.shape[0]
+    expected = token_logprobs(model, ids, attn, with_entropy=True, needed=needed)
+    grads = grads_of(model, ((expected[0] - 0.1 * expected[1]) * needed).sum())
+    setattr(model, LOGIT_BUDGET_ATTR, rows * 4 * VOCAB)
+    try:
+        mode = LargestFloat()
+        with mode:
+            lp, ent = token_logprobs(model, ids, attn, with_entropy=True, needed=needed)
+            chunked = grads_of(model, ((lp - 0.1 * ent) * needed).sum())
+    finally:
+        delattr(model, LOGIT_BUDGET_ATTR)
+    assert mode.largest <= rows * 4 * VOCAB < rows * int(needed.any(0).sum()) * VOCAB
+    close(lp, expected[0])
+    close(ent, expected[1])
+    for name, g in grads.items():
+        close(chunked[name], g, msg=name)
+
+
+def test_build_policy_gives_the_model_trainer_logit_chunk_mib():
+    from ctu.config.schema import load_config
+    from ctu.train.logprobs import LOGIT_BUDGET, LOGIT_BUDGET_ATTR
+    from ctu.train.policy import build_policy
+
+    default = build_policy(load_config(None, ["model.path=tiny-random"]), device="cpu")
+    assert getattr(default.model, LOGIT_BUDGET_ATTR) == LOGIT_BUDGET  # 128 MiB of fp32 logits
+    small = build_policy(load_config(None, ["model.path=tiny-random", "trainer.logit_chunk_mib=32"]), device="cpu")
+    assert getattr(small.model, LOGIT_BUDGET_ATTR) == 32 * 2**20 // 4
