@@ -1,10 +1,10 @@
-"""What fixing glibc's mmap threshold (``ctu.engines.host_memory.bound_heap``, on in every process that loads a
-model) costs and saves: RL updates of the quickstart's policy (SmolLM2-135M + LoRA, fp32, ``trainer.*`` of
+"""What fixing glibc's mmap threshold (``CTU_HEAP_BOUND=1``: ``ctu.engines.host_memory.bound_heap``, in every
+process that loads a model) costs and saves: RL updates of the quickstart's policy (SmolLM2-135M + LoRA, fp32, ``trainer.*`` of
 ``configs/quickstart.yaml``) on synthetic episodes of the quickstart's shape, each setting in its own process
-(``CTU_HEAP_BOUND=0`` turns ``bound_heap`` off: glibc's dynamic default), run
+(without it: glibc's dynamic default; both trim the heap after every micro-batch), run
 alternately so that a busy machine slows both alike. Prints seconds per update and the update's peak RSS.
 
-    python benchmarks/heap_bound.py [--updates 3] [--rounds 2] [--threads 1]
+    python benchmarks/heap_bound.py [--updates 3] [--rounds 2] [--threads 1] [--episodes 20]
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ CHILD = textwrap.dedent("""
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     rng = random.Random(0)
     vocab = policy.model.config.vocab_size
-    # 20 episodes as a step of the preset trains (16 sampled + 4 replayed): a 300-700 token prompt, up to four
+    # episodes (20: a step of the preset, 16 sampled + 4 replayed) of a 300-700 token prompt and up to four
     # agent turns of 20-64 tokens between user/tool turns, every agent token trained
     samples = []
-    for i in range(20):
+    for i in range(int(sys.argv[3])):
         prompt = [rng.randrange(vocab) for _ in range(rng.randrange(300, 700))]
         response, mask = [], []
         for _ in range(rng.randrange(1, 5)):
@@ -68,14 +68,16 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--episodes", type=int, default=20, help="episodes an update (the preset's step: 20)")
     args = ap.parse_args()
-    results: dict[str, list] = {"bounded (ctu)": [], "glibc default": []}
+    results: dict[str, list] = {"bounded": [], "glibc default": []}
     for _ in range(args.rounds):
         for label in results:
             env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "CTU_HEAP_BOUND"}
-            if label == "glibc default":
-                env["CTU_HEAP_BOUND"] = "0"
-            out = subprocess.run([sys.executable, "-c", CHILD, str(args.updates), str(args.threads)],
+            if label == "bounded":
+                env["CTU_HEAP_BOUND"] = "1"
+            out = subprocess.run([sys.executable, "-c", CHILD, str(args.updates), str(args.threads),
+                                  str(args.episodes)],
                                  capture_output=True, text=True, env=env, check=True)
             results[label].append(json.loads(out.stdout.strip().splitlines()[-1]))
             r = results[label][-1]

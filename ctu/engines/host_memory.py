@@ -1,15 +1,18 @@
-"""The process's host memory: freed memory handed back between phases, and glibc's heap kept from holding it.
+"""The process's host memory: freed memory handed back between phases and after every micro-batch, and an opt-in
+bound on glibc's heap.
 
 torch's CPU tensors come from ``malloc``. glibc serves a request of at least ``M_MMAP_THRESHOLD`` bytes with its
 own ``mmap`` and returns it to the system on ``free``; smaller ones come from the heap, whose freed chunks stay
 resident until trimmed. The threshold starts at 128 KiB but is *dynamic*: every time an mmapped chunk is freed it
-rises to that chunk's size (up to 32 MiB), so after the first large tensor is freed, every activation, logit chunk
-and gradient up to that size is carved out of the heap, and an update's many differently sized temporaries leave
-it fragmented at the size of their sum. On the quickstart that was a whole GiB: one RL update's peak RSS 2.20 GiB
-with glibc's defaults, 1.23 GiB with the threshold fixed at 128 KiB (same step, same numbers; README,
-"Quickstart: measured"). :func:`bound_heap` fixes it (``mallopt(M_MMAP_THRESHOLD)``, which also turns the dynamic
-adjustment off); an explicit ``MALLOC_MMAP_THRESHOLD_`` in the environment wins, and ``CTU_HEAP_BOUND=0`` leaves
-glibc's defaults (``benchmarks/heap_bound.py`` compares the two).
+rises to that chunk's size (up to 32 MiB), so after the first large tensor is freed, activations and logit chunks
+up to that size are carved out of the heap, and an update's differently sized temporaries leave it fragmented.
+
+Measured on the quickstart's policy (``benchmarks/heap_bound.py``: SmolLM2-135M + LoRA, fp32, 1 thread, updates
+of 4 synthetic episodes; README, "Quickstart: measured"): glibc's defaults 67-71 s an update and 2.18 GiB peak
+RSS; :func:`trim_heap` after every micro-batch (on, always) 60-66 s and 1.98 GiB; the threshold fixed at 128 KiB
+(:func:`bound_heap`, which also stops the dynamic rise) 99-117 s and 1.16 GiB: every freed tensor leaves, but
+every new one faults its pages in again. So the bound is opt-in, ``CTU_HEAP_BOUND=1``, for a machine short of
+memory and not of time; an explicit ``MALLOC_MMAP_THRESHOLD_`` in the environment wins over it.
 """
 
 from __future__ import annotations
@@ -33,17 +36,27 @@ def _libc():
         return None
 
 
-def bound_heap(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold (allocations above ``threshold`` bytes are mapped and unmapped when freed, not
-    kept in the heap). False where it does not apply: not glibc, ``MALLOC_MMAP_THRESHOLD_`` set by the user, or
-    ``CTU_HEAP_BOUND=0``."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or os.environ.get("CTU_HEAP_BOUND", "").strip() == "0":
+def bound_heap(threshold: int = MMAP_THRESHOLD, force: bool = False) -> bool:
+    """With ``CTU_HEAP_BOUND=1`` (or ``force``), fix glibc's mmap threshold: allocations above ``threshold`` bytes
+    are mapped and unmapped when freed, not kept in the heap (about half the update's peak RSS, at ~1.7x its
+    time). False where it does nothing: not asked for, not glibc, or ``MALLOC_MMAP_THRESHOLD_`` set by the user."""
+    asked = force or os.environ.get("CTU_HEAP_BOUND", "").strip() == "1"
+    if not asked or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
     libc = _libc()
     mallopt = getattr(libc, "mallopt", None) if libc is not None else None
     if mallopt is None or not hasattr(libc, "malloc_trim"):  # musl, macOS: no such knob
         return False
     return bool(mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(threshold)))
+
+
+def trim_heap() -> None:
+    """Give the heap's free pages back (``malloc_trim``: whole free pages anywhere in the heap, not only its top),
+    without a garbage collection: cheap enough after every micro-batch of an update."""
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    if trim is not None:
+        trim(0)
 
 
 def release_memory() -> None:

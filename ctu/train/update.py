@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ctu.config.schema import TrainerConfig
+from ctu.engines.host_memory import trim_heap
 from ctu.engines.shared_prefix import packing_prefix
 from ctu.rl.losses import aggregation_weights, kl_penalty, ppo_clip_per_token, truncated_importance_weights
 from ctu.train.policy import Policy, reshard, token_logprobs
@@ -314,6 +315,7 @@ def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[
         if cfg.entropy_coef:
             loss = loss - cfg.entropy_coef * ent
         loss.backward()
+        trim_heap()  # this micro-batch's freed activations leave the RSS before the next one's differently sized ones
         step["loss"] += float(loss.detach())
         step["pg_loss"] += float(pg.detach())
         step["entropy"] += float(ent.detach())
@@ -371,6 +373,7 @@ def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], token_budge
             scale = 0.0 if dummy or filler else 1.0
             loss = -(logp * b["mask"]).sum() * scale / total
             loss.backward()
+            trim_heap()
             loss_sum += float(loss.detach())
     finally:
         model.train(was_training)
