@@ -40,6 +40,7 @@ SCRIPT = textwrap.dedent("""
 
 def kept_after_free(mode: str) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "CTU_HEAP_BOUND"}
+    env["OMP_NUM_THREADS"] = "1"
     if mode == "bound":
         env["CTU_HEAP_BOUND"] = "1"
     out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=120, env=env)
@@ -48,9 +49,11 @@ def kept_after_free(mode: str) -> float:
 
 
 def test_freed_tensors_leave_the_rss_once_the_heap_is_bounded_or_trimmed():
-    assert kept_after_free("default") > 80  # MiB: glibc's defaults keep the 96 MiB freed resident
-    assert kept_after_free("bound") < 16  # the threshold fixed: they went back to the system on free
-    assert kept_after_free("trim") < 16  # malloc_trim gives back free pages inside the heap, not only at its top
+    # MiB of the 96 freed: glibc's defaults keep some resident (32, 64 or all 96 here, by where the heap's small
+    # chunks landed); the fixed threshold returned them on free, malloc_trim returns free pages inside the heap
+    assert kept_after_free("default") > 24
+    assert kept_after_free("bound") < 8
+    assert kept_after_free("trim") < 8
 
 
 def test_the_bound_is_opt_in_and_an_explicit_glibc_setting_wins(monkeypatch):
