@@ -12,7 +12,8 @@ import pytest
 
 pytestmark = pytest.mark.slow  # ~30 s CPU per case (151,936-wide lm_head matmuls); 70 s wall on a busy 2-core box
 
-ERROR_BOUND = 0.35  # |estimate - measured| / measured; measured here: +19% full fine-tuning, +11% LoRA
+ERROR_BOUND = 0.35  # |estimate - measured| / measured; measured here: +30% full fine-tuning, +28% LoRA, -30% LoRA at
+# logit_chunk_mib=32 (since the update trims the heap after every micro-batch: +19% and +11% before)
 
 SCRIPT = textwrap.dedent("""
     import json, random, sys
