@@ -50,8 +50,8 @@ def kept_after_free(mode: str) -> float:
 
 def test_freed_tensors_leave_the_rss_once_the_heap_is_bounded_or_trimmed():
     # MiB of the 96 freed: glibc's defaults keep some resident (32, 64 or all 96 here, by where the heap's small
-    # chunks landed); the fixed threshold returned them on free, malloc_trim returns free pages inside the heap
-    assert kept_after_free("default") > 24
+    # chunks landed, by ASLR); the fixed threshold returned them on free, malloc_trim returns free pages inside the heap
+    assert kept_after_free("default") > 16
     assert kept_after_free("bound") < 8
     assert kept_after_free("trim") < 8
 
