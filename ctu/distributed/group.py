@@ -170,9 +170,10 @@ class LocalTrainer(TrainerGroup):
     def update(self, samples, temperature, seed):
         from ctu.train.update import policy_update
 
+        lr = self.scheduler.get_last_lr()[0]  # this update's rate (the scheduler steps inside it)
         stats = policy_update(self.policy, self.optimizer, self.scheduler, samples, self.config.trainer, temperature,
                               seed=seed)
-        return {**stats, "lr": self.scheduler.get_last_lr()[0]}
+        return {**stats, "lr": lr}
 
     def kl(self, samples, temperature):
         from ctu.train.update import sequence_kl

@@ -108,9 +108,10 @@ class TrainerRank:
 
         self.updates += 1
         self._maybe_die()
+        lr = self.scheduler.get_last_lr()[0]  # this update's rate (the scheduler steps inside it)
         stats = policy_update(self.policy, self.optimizer, self.scheduler, samples, self.config.trainer, temperature,
                               seed=seed, reduce=self.reduce)
-        return {**stats, "lr": self.scheduler.get_last_lr()[0]}
+        return {**stats, "lr": lr}
 
     def kl(self, samples, temperature: float) -> list[float]:
         from ctu.train.update import sequence_kl
