@@ -71,7 +71,8 @@ def test_checkpoints_are_atomic_and_resume_skips_partial_writes(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("trainer.mini_batches=3", "trainer.mini_batches: 3 does not divide the rollout batch of 16"),
+    ("trainer.mini_batches=3 trainer.tasks_per_step=16",
+     "trainer.mini_batches: 3 does not divide the rollout batch of 16"),
     ("trainer.advantage=grpo trainer.samples_per_task=1", "at least 2 samples"),
     ("trainer.resume=/no/such/dir", "trainer.resume"),
     ("trainer.micro_batch_tokens=0", "trainer.micro_batch_tokens: must be >= 1"),
