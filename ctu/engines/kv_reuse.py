@@ -134,10 +134,10 @@ class Row:
     cached: KV | None
     new: tuple[int, ...]
     used: Entry | None = None
-    cached_length: int = field(init=False)
 
-    def __post_init__(self):
-        self.cached_length = 0 if self.cached is None else self.cached[0][0].shape[2]
+    @property
+    def cached_length(self) -> int:
+        return 0 if self.cached is None else self.cached[0][0].shape[2]
 
 
 @dataclass
@@ -236,8 +236,6 @@ def assemble(batch: Batch, pad_id: int, device, make_cache):
                 keys[i, :, past - c:] = r.cached[layer][0][0]
                 values[i, :, past - c:] = r.cached[layer][1][0]
         layers.append((keys, values))
-    for r in rows:  # copied: the replaced entries (already out of the store) are freed before the batch decodes
-        r.cached = r.used = None
     return ids, mask, positions, make_cache(layers)
 
 

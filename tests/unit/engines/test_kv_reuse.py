@@ -167,26 +167,3 @@ def test_config_switches_the_cache_off(model, tokenizer):
     on = build_engine(load_config(None, ["engine.kv_cache_tokens=99"]), model=model, tokenizer=tokenizer)
     off = build_engine(load_config(None, ["engine.kv_reuse=false"]), model=model, tokenizer=tokenizer)
     assert on.kv_store is not None and on.kv_store.max_tokens == 99 and off.kv_store is None
-
-
-def test_a_continued_entry_is_freed_once_copied_into_the_batch():
-    """The entry a continuation replaces leaves the store in ``plan``; once ``assemble`` has copied its KV into the
-    batch's cache nothing may hold it, or every in-flight conversation's KV is held twice while the batch decodes
-    (the quickstart's rollout peak at 16 episodes in flight)."""
-    import gc
-    import weakref
-
-    from ctu.engines import kv_reuse as kvr
-
-    store = KVStore(1000)
-    kv = [(torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)) for _ in range(2)]
-    alive = weakref.ref(kv[0][0])
-    store.add(kvr.Entry((1, 2, 3, 4, 5), None, kv))
-    del kv
-    batch = kvr.plan(store, [(1, 2, 3, 4, 5, 6, 7)], lambda ids: None)
-    assert batch.rows[0].cached_length == 5
-    ids, mask, positions, layers = kvr.assemble(batch, 0, "cpu", lambda layers: layers)
-    gc.collect()
-    assert alive() is None
-    assert batch.rows[0].cached_length == 5 and layers[0][0].shape == (1, 2, 5, 4)
-    assert ids.tolist() == [[6, 7]] and mask.tolist() == [[1] * 7]
