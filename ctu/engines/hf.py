@@ -23,6 +23,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from ctu.engines import kv_reuse as kvr
 from ctu.engines.base import Completion, Engine, SamplingParams
 from ctu.engines.hf_api import cache_of, with_cache
+from ctu.engines.host_memory import trim_heap
 from ctu.engines.precision import compute_context
 from ctu.engines.shared_prefix import prefill
 
@@ -162,6 +163,8 @@ class HFEngine(Engine):
                             results[i].append(completion)
             finally:
                 self.model.train(was_training)
+                if self.device.type == "cpu":  # the freed KV of this call's batch: its holes back to the OS now
+                    trim_heap()
         return results
 
     @torch.inference_mode()

@@ -114,3 +114,15 @@ def test_per_request_seeds_do_not_depend_on_the_rest_of_the_batch(engine):
     same = asyncio.run(engine.generate([PROMPTS[0], PROMPTS[0]], params, seeds=[11, 99]))
     assert same[0][0].token_ids == together[0][0].token_ids and same[0][0].token_ids != same[1][0].token_ids
     assert together[0][0].token_ids != together[0][1].token_ids  # completion j gets seed + j
+
+
+def test_every_cpu_generation_gives_the_heap_back(engine, monkeypatch):
+    """A call's batch KV is freed when it returns; on CPU the engine trims glibc's heap then, so the holes the KV
+    leaves between the stored conversations' KV go back to the OS (the rollout phase was the quickstart's peak)."""
+    import ctu.engines.hf as hf
+
+    calls = []
+    monkeypatch.setattr(hf, "trim_heap", lambda: calls.append(1))
+    gen(engine, PROMPTS, temperature=0.0, max_tokens=2)
+    gen(engine, PROMPTS[:1], temperature=0.0, max_tokens=2)
+    assert len(calls) == 2
