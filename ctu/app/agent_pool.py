@@ -11,11 +11,13 @@ Every trajectory, tokens included, is appended to ``<run.dir>/agent/episodes.jso
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -81,6 +83,8 @@ def agent_environment(proxy: AgentProxy, episode_id: str, spec: EpisodeSpec) -> 
 class AgentPool(LocalPool):
     """Episodes played by the user's agent command through the proxy (see the module docstring)."""
 
+    episodes_in_process = False  # the agent plays them: an asynchronous producer hands it whole groups
+
     def __init__(self, engine: Engine, chat, user, limits: RolloutLimits, *, command: str, run_dir: str | Path,
                  concurrency: int = 8, timeout_s: float = 600.0, judge=None, max_batch_size: int = 64):
         super().__init__(engine, chat, user, limits, judge=judge, concurrency=concurrency,
@@ -90,7 +94,9 @@ class AgentPool(LocalPool):
         self.dir = Path(run_dir) / "agent"
         self.episodes = ExternalEpisodes(chat, engine, user, limits, max_batch_size=max_batch_size)
         self.proxy = AgentProxy(self.episodes).start()
-        self.calls = 0
+        self._calls = itertools.count()
+        self._slots = threading.BoundedSemaphore(max(1, concurrency))  # agents running, over overlapping calls
+        self._write = threading.Lock()
 
     @classmethod
     def from_config(cls, config, engine: Engine, chat, user, judge=None) -> AgentPool:
@@ -101,7 +107,9 @@ class AgentPool(LocalPool):
 
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int,
             judge_enabled: bool = False, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
-        call, self.calls = self.calls, self.calls + 1
+        """Calls may overlap (an asynchronous producer's groups): at most ``agent.concurrency`` agents run over
+        all of them."""
+        call = next(self._calls)
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         judge = self.judge if judge_enabled else None
         out: list[Trajectory | None] = [None] * len(specs)
@@ -109,27 +117,33 @@ class AgentPool(LocalPool):
         self.proxy.call(lambda: self.episodes.begin(params))
         try:
             while waiting or running:
-                while waiting and len(running) < self.concurrency:
+                while waiting and self._slots.acquire(blocking=False):
                     i = waiting.popleft()
-                    running[i] = self._launch(f"r{call}-e{i}", specs[i], seed + i)
+                    try:
+                        running[i] = self._launch(f"r{call}-e{i}", specs[i], seed + i, params)
+                    except BaseException:
+                        self._slots.release()
+                        raise
                 time.sleep(0.01)
                 for i, agent in list(running.items()):
                     finished, error = agent.outcome(self.timeout_s)
                     if not finished:
                         continue
                     del running[i]
+                    self._slots.release()
                     out[i] = self._finish(agent, error, judge, call)
                     if on_done is not None:
                         on_done(out[i])
         finally:
             for agent in running.values():  # interrupted: no agent outlives the run
                 agent.stop()
+                self._slots.release()
                 self.proxy.call(self.episodes.finish(agent.episode_id, "interrupted"))
             self.proxy.call(self.episodes.end)
         return [t for t in out if t is not None]
 
-    def _launch(self, episode_id: str, spec: EpisodeSpec, seed: int) -> AgentRun:
-        self.proxy.call(self.episodes.open(episode_id, spec, seed))
+    def _launch(self, episode_id: str, spec: EpisodeSpec, seed: int, params: SamplingParams) -> AgentRun:
+        self.proxy.call(self.episodes.open(episode_id, spec, seed, params))
         log_path = self.dir / "logs" / f"{episode_id}.log"
         with log_path.open("wb") as log:
             try:
@@ -151,7 +165,7 @@ class AgentPool(LocalPool):
                "extra_samples": [s.to_json() for s in trajectory.extra_samples]}
         if error is not None:
             row["log"] = str(agent.log_path)
-        with (self.dir / "episodes.jsonl").open("a") as f:
+        with self._write, (self.dir / "episodes.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
         return trajectory
 

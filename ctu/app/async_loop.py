@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import time
 
-from ctu.distributed.async_rollout import AsyncLocalPool, RolloutProducer, async_capacity, group_seed
+from ctu.distributed.async_rollout import AsyncPool, RolloutProducer, async_capacity, group_seed
 from ctu.observe.metrics import mean
 from ctu.rl.advantages import informative_groups
-from ctu.rl.staleness import is_fresh, token_staleness
+from ctu.rl.staleness import is_fresh, min_version, token_staleness
 from ctu.rollout import components as build
 
 
@@ -39,18 +39,24 @@ class AsyncRollouts:
         return cls(trainer)
 
     def _producer(self) -> RolloutProducer:
-        """Built at the first step: after the warm start and any resume synced the engine (the version stamps)."""
+        """Built at the first step: after the warm start and any resume synced the engine (the version stamps).
+        Episodes in this process are played by the producer on the pool's engine; elsewhere (rollout workers, an
+        agent program) the pool plays each group (:meth:`AsyncPool.play`)."""
         if self.producer is None:
             tr = self.trainer
             cfg, t = tr.config, tr.config.trainer
-            pool: AsyncLocalPool = tr.pool
+            pool: AsyncPool = tr.pool
+            here = pool.inner.episodes_in_process
             first_step = tr.step
             self.producer = RolloutProducer(
-                pool.engine, pool.chat, pool.user, pool.limits, build.sampling_params(cfg, cfg.sampling.temperature),
+                pool.engine if here else None, getattr(pool.inner, "chat", None), getattr(pool.inner, "user", None),
+                getattr(pool.inner, "limits", None), build.sampling_params(cfg, cfg.sampling.temperature),
                 draw=lambda: tr.sampler.sample(1)[0], samples_per_task=t.samples_per_task,
                 capacity=async_capacity(t.max_staleness, t.tasks_per_step),
                 seed=lambda index: group_seed(cfg.run.seed, first_step, index),
-                concurrency=pool.concurrency, max_batch_size=pool.max_batch_size)
+                concurrency=getattr(pool.inner, "concurrency", 64),
+                max_batch_size=getattr(pool.inner, "max_batch_size", cfg.engine.max_batch_size),
+                player=None if here else pool.play)
             pool.producer = self.producer
         return self.producer
 
@@ -68,6 +74,11 @@ class AsyncRollouts:
             started = time.perf_counter()
             group = producer.take()
             waited += time.perf_counter() - started
+            if min_version(group.trajectories) == -1:  # never fresh: every group would be dropped, for ever
+                producer.stop()
+                raise RuntimeError(f"asynchronous rollouts: the {type(tr.pool.inner).__name__}'s engine returned "
+                                   "tokens without the policy version that sampled them, so their staleness is "
+                                   "unknown; use an engine that stamps versions or trainer.max_staleness=0")
             if not is_fresh(group.trajectories, step, t.max_staleness):
                 dropped, dropped_episodes = dropped + 1, dropped_episodes + len(group.trajectories)
                 continue

@@ -121,16 +121,19 @@ class Trainer:
                                 num_cpus=config.distributed.worker_cpus,
                                 placement=getattr(self.group, "rollout_placement", None))
         else:  # this process: an in-process hf engine shares the policy's weights
-            from ctu.distributed.async_rollout import AsyncLocalPool, engine_model  # async: an engine of its own
+            from ctu.distributed.async_rollout import engine_model  # async: an engine of its own
             from ctu.distributed.pool import LocalPool
 
             shared = engine_model(self.group, config) if config.engine.kind == "hf" else None
             self.engine = build.build_engine(config, model=shared, tokenizer=self.group.tokenizer)
+            pool = LocalPool
             if config.agent.command:  # bring your own agent (docs/agents.md): its program plays each episode
                 from ctu.app.agent_pool import AgentPool as pool
-            else:  # trainer.max_staleness > 0: a background rollout worker (docs/async.md)
-                pool = AsyncLocalPool if config.trainer.max_staleness else LocalPool
             self.pool = pool.from_config(config, self.engine, self.chat, self.user, judge=self.judge)
+        if config.trainer.max_staleness:  # a background producer beside any pool (docs/async.md)
+            from ctu.distributed.async_rollout import AsyncPool
+
+            self.pool = AsyncPool(self.pool)
         self.sync = WeightSync(config, self.group, self.pool)
         self.rebased = False  # the KL reference is the warm-started policy (stored in checkpoints)
         self.step = 0

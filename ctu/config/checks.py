@@ -191,8 +191,9 @@ def _update_problems(config: Config) -> list[str]:
         out.append(f"trainer.clip_high: must be >= 0, got {t.clip_high}")
     if t.dual_clip is not None and t.dual_clip <= 1:
         out.append(f"trainer.dual_clip: must be > 1 (or null), got {t.dual_clip}")
-    if t.tis_cap is not None and t.tis_cap <= 0:
-        out.append(f"trainer.tis_cap: must be > 0 (or null): a cap <= 0 flips or zeroes the policy gradient, got {t.tis_cap}")
+    if t.tis_cap is not None and not t.tis_cap >= 1:  # a replayed demo's weight is min(1, cap): below 1 it shrinks
+        out.append(f"trainer.tis_cap: must be >= 1 (or null): a cap below 1 down-weights every on-policy token and "
+                   f"every replayed demonstration, got {t.tis_cap}")
     non_negative = {"trainer.warmup_steps": t.warmup_steps, "trainer.kl_coef": t.kl_coef,
                     "trainer.entropy_coef": t.entropy_coef, "trainer.weight_decay": t.weight_decay,
                     "trainer.sft_steps": t.sft_steps, "trainer.eval_interval": t.eval_interval,
@@ -238,20 +239,12 @@ def _update_problems(config: Config) -> list[str]:
 
 
 def _async_problems(config: Config) -> list[str]:
-    """``trainer.max_staleness``: k > 0 runs a background rollout worker beside the in-process trainer and hf engine."""
-    k, d = config.trainer.max_staleness, config.distributed
+    """``trainer.max_staleness``: k > 0 runs a background rollout producer beside any placement (in-process hf, vllm
+    or served engine, Ray rollout workers, FSDP2 trainer ranks, an agent program); off-policy tokens need a cap."""
+    k = config.trainer.max_staleness
     if k < 0:
         return [f"trainer.max_staleness: must be >= 0, got {k}"]
-    if k == 0:
-        return []
-    needs = [f"engine.kind=hf or served (got {config.engine.kind})" if config.engine.kind not in ("hf", "served") else "",
-             f"distributed.rollout_workers=0 (got {d.rollout_workers})" if d.rollout_workers else "",
-             f"distributed.trainer_workers=0 (got {d.trainer_workers})" if d.trainer_workers else ""]
-    needs = [n for n in needs if n]
-    if needs:
-        return [f"trainer.max_staleness: {k} runs the background rollout worker with the in-process trainer and "
-                f"an hf or served engine: set {', '.join(needs)}, or trainer.max_staleness=0"]
-    if config.trainer.tis_cap is None:  # without it one epoch's update is on-policy for the trainer, not the sampler
+    if k and config.trainer.tis_cap is None:  # without it one epoch's update is on-policy for the trainer only
         return [f"trainer.tis_cap: trainer.max_staleness={k} trains on tokens sampled by older weights; set a cap "
                 "(e.g. trainer.tis_cap=2.0) so the loss weighs each token by min(pi_old / pi_sampler, cap)"]
     return []

@@ -12,9 +12,12 @@ makes a generation call and a weight load mutually exclusive (a batch never mixe
 carries the version it ran under, so every token keeps its own version (``Trajectory.token_versions``). What a step
 may train on is decided by those stamps (:mod:`ctu.rl.staleness`), not by when a group started.
 
-:class:`AsyncLocalPool` is the in-process pool with a producer beside it: weight syncs and the parity probe go to
-the engine as in :class:`~ctu.distributed.pool.LocalPool`; an evaluation (``run``) first lets the producer's
-in-flight groups finish and starts nothing new until it is done.
+Where episodes run: in this process (the producer plays them through one batcher on the pool's engine, so groups
+share engine batches), or wherever the pool runs them (:class:`~ctu.distributed.ray_pool.RayPool` workers, each
+with its engine and weights loaded by version; :class:`~ctu.app.agent_pool.AgentPool`, the user's agent program):
+the producer then hands each group to the pool as one call (:meth:`AsyncPool.play`). :class:`AsyncPool` wraps any
+pool with the producer beside it: an evaluation (``run``) first lets the producer's in-flight groups finish and
+starts nothing new until it is done; a sleeping engine gets no generation; ``close`` stops the producer.
 """
 
 from __future__ import annotations
@@ -24,15 +27,17 @@ import copy
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from ctu.distributed.pool import LocalPool
+from ctu.distributed.pool import NamedTensors, RolloutPool
 from ctu.engines.base import Engine, SamplingParams
 from ctu.rollout.loop import EpisodeSpec, GenerationBatcher, RolloutLimits, Trajectory, run_episode
 
 Draw = Callable[[], tuple]  # () -> (domain, task): the next training task
+# (the group's specs, its sampling params, its seed) -> its trajectories, episode i seeded seed + i
+Player = Callable[[Sequence[EpisodeSpec], SamplingParams, int], Awaitable[Sequence[Trajectory]]]
 
 
 def async_capacity(max_staleness: int, tasks_per_step: int) -> int:
@@ -80,18 +85,20 @@ class Group:
 class RolloutProducer:
     """Samples groups in a background thread; the trainer takes them with :meth:`take`."""
 
-    def __init__(self, engine: Engine, chat, user, limits: RolloutLimits, params: SamplingParams, *, draw: Draw,
-                 samples_per_task: int, capacity: int, seed: Callable[[int], int], concurrency: int = 64,
-                 max_batch_size: int = 64):
+    def __init__(self, engine: Engine | None, chat, user, limits: RolloutLimits, params: SamplingParams, *,
+                 draw: Draw, samples_per_task: int, capacity: int, seed: Callable[[int], int], concurrency: int = 64,
+                 max_batch_size: int = 64, player: Player | None = None):
         self.engine, self.chat, self.user, self.limits, self.params = engine, chat, user, limits, params
         self.draw, self.samples_per_task, self.capacity, self.seed = draw, samples_per_task, capacity, seed
         self.concurrency, self.max_batch_size = concurrency, max_batch_size
+        self.player = player  # None: episodes played here, through one shared batcher on ``engine``
+        self.group_seconds = 0.0  # wall time of the groups a player played (its engine's busy time is not seen)
         self.done: queue.Queue = queue.Queue()  # finished Groups (or the exception that stopped the producer)
         self._cond = threading.Condition()
         self.started = 0  # groups started
         self.taken = 0  # groups handed to the trainer
         self.running = 0  # groups in flight
-        self.paused = False
+        self.paused = 0  # pause() calls not yet resumed
         self.stopping = False
         self.batcher: GenerationBatcher | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -117,22 +124,32 @@ class RolloutProducer:
         return item
 
     def engine_seconds(self) -> float:
-        """Wall time spent inside engine calls so far (the engine's busy time)."""
+        """Wall time spent inside engine calls so far (the engine's busy time); with a player (rollout workers,
+        agents), the groups' wall time: their engines are elsewhere."""
+        if self.player is not None:
+            return self.group_seconds
         return 0.0 if self.batcher is None else self.batcher.model_seconds
+
+    def pause(self) -> None:
+        """Start no group and wait until the groups in flight have finished (they stay queued for the trainer).
+        Pauses nest: the producer goes on after as many :meth:`resume` calls."""
+        with self._cond:
+            self.paused += 1
+            self._cond.wait_for(lambda: self.running == 0 or self._thread is None or not self._thread.is_alive())
+
+    def resume(self) -> None:
+        with self._cond:
+            self.paused = max(0, self.paused - 1)
+        self._poke()
 
     @contextmanager
     def quiet(self):
-        """Start no group and let the groups in flight finish (they stay queued for the trainer); then go on."""
-        with self._cond:
-            self.paused = True
+        """:meth:`pause` for the block (an evaluation: the engine and user simulator serve it alone)."""
+        self.pause()
         try:
-            with self._cond:
-                self._cond.wait_for(lambda: self.running == 0 or self._thread is None or not self._thread.is_alive())
             yield
         finally:
-            with self._cond:
-                self.paused = False
-            self._poke()
+            self.resume()
 
     def stop(self, timeout: float = 60.0) -> None:
         """Cancel the episodes in flight and end the thread (the engine call running finishes first)."""
@@ -169,7 +186,8 @@ class RolloutProducer:
 
     async def _produce(self) -> None:
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
-        self.batcher = GenerationBatcher(self.engine, self.max_batch_size)
+        if self.player is None:
+            self.batcher = GenerationBatcher(self.engine, self.max_batch_size)
         gate = asyncio.Semaphore(max(1, self.concurrency))
         tasks: set[asyncio.Task] = set()
         failure: list[BaseException] = []
@@ -194,7 +212,8 @@ class RolloutProducer:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            self.batcher.close()
+            if self.batcher is not None:
+                self.batcher.close()
 
     def _finished(self, task: asyncio.Task, tasks: set, failure: list) -> None:
         tasks.discard(task)
@@ -210,6 +229,14 @@ class RolloutProducer:
         domain, task = pick
         seed = self.seed(index)
         params = replace(self.params, seed=seed)
+        if self.player is not None:  # rollout workers or agent processes play it: seeds as a synchronous call's
+            started = time.perf_counter()
+            specs = [EpisodeSpec(domain, task, i) for i in range(self.samples_per_task)]
+            trajectories = list(await self.player(specs, params, seed))
+            seconds = time.perf_counter() - started
+            self.group_seconds += seconds
+            self.done.put(Group(index, trajectories, None, seconds))
+            return
         started, version = time.perf_counter(), self.engine.weights_version
 
         async def one(i: int) -> Trajectory:
@@ -221,19 +248,69 @@ class RolloutProducer:
         self.done.put(Group(index, trajectories, version, time.perf_counter() - started))
 
 
-class AsyncLocalPool(LocalPool):
-    """:class:`LocalPool` with a :class:`RolloutProducer` beside it (``producer`` is set by whoever builds it)."""
+class AsyncPool(RolloutPool):
+    """Any rollout pool with a :class:`RolloutProducer` beside it (``producer`` is set by whoever builds it):
+    the same interface, so the trainer's loop does not know which placement it drives.
 
-    producer: RolloutProducer | None = None
+    What the producer must not overlap: an evaluation (``run``: the producer starts nothing new and lets its
+    groups in flight finish first), an engine's sleep (``sleep`` pauses the producer before the engines free
+    their memory, ``wake_up`` resumes it after), and the end (``close`` stops the producer before the workers
+    go). Weight loads and parity probes go straight to the pool: the engines' own locks order them with
+    generation, and every token keeps the version that sampled it."""
+
+    def __init__(self, inner: RolloutPool):
+        self.inner = inner
+        self.producer: RolloutProducer | None = None
+        self._sleeping = False
+
+    def __getattr__(self, name: str):  # engine, chat, user, limits, concurrency, ... of the pool it wraps
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def num_workers(self) -> int:
+        return self.inner.num_workers
 
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int, judge_enabled: bool = False,
             on_done=None) -> list[Trajectory]:
         if self.producer is None:
-            return super().run(specs, params, seed, judge_enabled, on_done)
-        with self.producer.quiet():  # the user simulator and engine serve the evaluation alone
-            return super().run(specs, params, seed, judge_enabled, on_done)
+            return self.inner.run(specs, params, seed, judge_enabled, on_done)
+        with self.producer.quiet():  # the engines and the user simulator serve the evaluation alone
+            return self.inner.run(specs, params, seed, judge_enabled, on_done)
+
+    def play(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int) -> Awaitable[list[Trajectory]]:
+        """The producer's :data:`Player` for pools whose episodes run elsewhere (rollout workers, agent
+        processes): one group as a synchronous call of the wrapped pool, in a thread."""
+        return asyncio.to_thread(self.inner.run, specs, params, seed)
+
+    def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        self.inner.update_weights(named_tensors, version)
+
+    def update_adapter(self, named_tensors: NamedTensors, version: int) -> None:
+        self.inner.update_adapter(named_tensors, version)
+
+    def parity(self, score_fn, **kwargs) -> list[float]:
+        return self.inner.parity(score_fn, **kwargs)
+
+    def versions(self) -> list[int | None]:
+        return self.inner.versions()
+
+    def sleep(self) -> None:
+        if self.producer is not None and not self._sleeping:
+            self.producer.pause()  # no generation may reach an engine that is freeing its memory
+            self._sleeping = True
+        self.inner.sleep()
+
+    def wake_up(self) -> None:
+        self.inner.wake_up()
+        if self._sleeping:
+            self._sleeping = False
+            self.producer.resume()
 
     def close(self) -> None:
-        if self.producer is not None:
-            self.producer.stop()
-        super().close()
+        try:
+            if self.producer is not None:
+                self.producer.stop()
+        finally:
+            self.inner.close()

@@ -88,6 +88,10 @@ class RolloutPool(ABC):
     """Where rollouts run. Implementations: :class:`LocalPool` (this process) and
     :class:`ctu.distributed.ray_pool.RayPool` (Ray actors, one engine each)."""
 
+    # ctu's own loop plays the episodes on this process's ``engine`` (so an asynchronous producer can batch its
+    # groups together); False: the pool plays them elsewhere (workers, an agent program), a call at a time
+    episodes_in_process = False
+
     @property
     @abstractmethod
     def num_workers(self) -> int:
@@ -140,6 +144,8 @@ class LocalPool(RolloutPool):
     ``judge`` is used when ``run(..., judge_enabled=True)``; ``concurrency`` and ``max_batch_size`` default to
     ``config.eval.concurrency`` and ``config.engine.max_batch_size`` (what ``Trainer._rollout`` passes).
     """
+
+    episodes_in_process = True
 
     def __init__(self, engine: Engine, chat, user, limits: RolloutLimits, *, judge=None, concurrency: int = 64,
                  max_batch_size: int = 64):

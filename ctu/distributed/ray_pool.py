@@ -17,6 +17,7 @@ no longer given episodes. ``ray`` is imported lazily: ``ctu`` imports without it
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +39,8 @@ from ctu.distributed.pool import (
 from ctu.distributed.ray_setup import check_room, import_ray, pool_demand, start_ray, wait_started
 from ctu.engines.base import SamplingParams
 from ctu.rollout.loop import EpisodeSpec, Trajectory
+
+SYNC = "sync"  # the workers' concurrency group for weight loads, probes, version reads and sleep
 
 
 class RolloutWorker:
@@ -67,6 +70,7 @@ class RolloutWorker:
         self.limits = limits_of(config)
         self._judge = None
         self.version = -1
+        self._loading = threading.Lock()  # catch-up (rollout thread) and pushed loads (sync thread): one at a time
 
     def pid(self) -> int:
         return os.getpid()
@@ -76,8 +80,12 @@ class RolloutWorker:
         into the engine's parameters) or a mapping of tensors."""
         from ctu.distributed.transfer import Packed, unpack
 
-        self.engine.update_weights(unpack(weights) if isinstance(weights, Packed) else weights.items(), version=version)
-        self.version = version
+        with self._loading:
+            if version <= self.version:  # a newer version arrived first (a catch-up and a push crossed): keep it
+                return self.version
+            self.engine.update_weights(unpack(weights) if isinstance(weights, Packed) else weights.items(),
+                                       version=version)
+            self.version = version
         return version
 
     def weights_version(self) -> int | None:
@@ -85,8 +93,9 @@ class RolloutWorker:
         return self.engine.weights_version
 
     def catch_up(self, weights_box: list | None, version: int) -> None:
-        """Load the pool's latest weights if this worker has not (a restarted worker starts from the base model)."""
-        if weights_box is not None and version != self.version:
+        """Load the pool's latest weights if this worker is behind them (a restarted worker starts from the base
+        model); never older ones (with asynchronous rollouts a call sent before a push can run after it)."""
+        if weights_box is not None and version > self.version:
             import ray
 
             self.load_weights(ray.get(weights_box[0]), version)
@@ -162,15 +171,16 @@ class RayPool(RolloutPool):
         self.restart_timeout_s = restart_timeout_s
         self.workers = []
         self.dead: set[int] = set()  # workers that failed a chunk twice: given no more episodes
-        self.weights_ref = None  # the last weights put in the object store, and their version
-        self.version = -1
+        self.latest: tuple = (None, -1)  # the last weights put in the object store and their version, set as one
         self.reruns = 0  # chunks re-run after a worker died (all calls)
         if start_timeout_s is None:
             start_timeout_s = config.distributed.start_timeout_s
         try:
             if placement is None:  # in a placement group the bundles were checked and reserved by the trainer group
                 check_room(ray, bundles, what)
-            remote = ray.remote(RolloutWorker)
+            # weight loads, probes and sleep run in their own thread ("sync"), beside a rollout still running
+            # (asynchronous RL): the engine's lock orders them with its generation calls
+            remote = ray.remote(concurrency_groups={SYNC: 1})(RolloutWorker)
             faults = fault_files or {}
             for k in range(num_workers):  # placement: the trainer group's placement group (placement_bundles)
                 options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts,
@@ -206,13 +216,14 @@ class RayPool(RolloutPool):
         live = self.live()
         if not live:
             raise RuntimeError("every rollout worker has died: no worker left to run episodes")
-        box = self._box()
+        ref, version = self.latest  # one read: the weights and their version together
+        box = None if ref is None else [ref]
         chunks = dict(zip(live, contiguous_chunks(len(keys), len(live)), strict=False))
         results: list[Trajectory | None] = [None] * len(keys)
 
         def submit(k: int):
             a, b = chunks[k]
-            return self.workers[k].run.remote(keys[a:b], params, seed, a, judge_enabled, box, self.version)
+            return self.workers[k].run.remote(keys[a:b], params, seed, a, judge_enabled, box, version)
 
         pending = {submit(k): (k, 0) for k in chunks}
         while pending:
@@ -265,14 +276,23 @@ class RayPool(RolloutPool):
 
         ray = import_ray()
         if isinstance(named_tensors, PackedRef):
-            self.weights_ref = named_tensors.ref
+            ref = named_tensors.ref
         else:
-            self.weights_ref = ray.put(pack(named_tensors, wire_dtype(self.config)))
-        self.version = version
-        self._broadcast("load_weights", self.weights_ref, version, tolerate_deaths=True)
+            ref = ray.put(pack(named_tensors, wire_dtype(self.config)))
+        self.latest = (ref, version)
+        self._broadcast("load_weights", ref, version, tolerate_deaths=True)
+
+    @property
+    def version(self) -> int:
+        return self.latest[1]
+
+    @property
+    def weights_ref(self):
+        return self.latest[0]
 
     def _box(self) -> list | None:
-        return None if self.weights_ref is None else [self.weights_ref]
+        ref = self.latest[0]
+        return None if ref is None else [ref]
 
     def parity(self, score_fn: ScoreFn, *, temperature: float = 1.0, tokens: int = 16, seed: int = 0,
                prompt_ids: Sequence[int] = PROBE_PROMPT) -> list[float]:
@@ -281,7 +301,10 @@ class RayPool(RolloutPool):
         ray = import_ray()
         params = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=tokens, seed=seed)
         live = self.live()
-        refs = [self.workers[k].generate.remote([list(prompt_ids)], params, self._box(), self.version) for k in live]
+        ref, version = self.latest
+        box = None if ref is None else [ref]
+        refs = [self.workers[k].generate.options(concurrency_group=SYNC).remote([list(prompt_ids)], params, box,
+                                                                                 version) for k in live]
         samples = dict(zip(live, ray.get(refs), strict=True))
         out = []
         for k in range(len(self.workers)):
@@ -305,7 +328,7 @@ class RayPool(RolloutPool):
         ray = import_ray()
         from ray.exceptions import RayActorError
 
-        refs = [getattr(self.workers[k], method).remote(*args) for k in self.live()]
+        refs = [getattr(self.workers[k], method).options(concurrency_group=SYNC).remote(*args) for k in self.live()]
         if not tolerate_deaths:
             return ray.get(refs)
         out = []
@@ -321,7 +344,7 @@ class RayPool(RolloutPool):
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         self.workers = []
-        self.weights_ref = None
+        self.latest = (None, -1)
         if self.started_ray:
             ray.shutdown()
             self.started_ray = False

@@ -71,6 +71,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 
 from ctu.config.checks import VLLM_LORA_RANKS
 from ctu.engines.base import Completion, Engine, SamplingParams
@@ -270,7 +271,9 @@ class VLLMEngine(Engine):
             sampling = (self._sampling_params(params) if seeds is None
                         else [self._sampling_params(params, seed) for seed in seeds])
             outputs = self.llm.generate(inputs, sampling, use_tqdm=False, lora_request=self.lora_request)
-        return [[self._completion(o) for o in sorted(r.outputs, key=lambda o: o.index)] for r in outputs]
+            version = self.weights_version  # under the lock: no load can come between the call and its stamp
+        return [[replace(self._completion(o), version=version) for o in sorted(r.outputs, key=lambda o: o.index)]
+                for r in outputs]
 
     async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                        seeds: Sequence[int] | None = None) -> list[list[Completion]]:

@@ -20,12 +20,19 @@ def oldest_allowed(step: int, max_staleness: int) -> int:
     return step - 1 - max_staleness
 
 
+def _masked_versions(versions: Sequence[int], mask: Sequence[int]) -> list[int]:
+    if len(versions) != len(mask):  # sampled tokens without stamps (built before stamps existed): unknown age
+        return [-1] * sum(1 for m in mask if m)
+    return [v for v, m in zip(versions, mask, strict=True) if m]
+
+
 def sampled_versions(trajectory: Trajectory) -> list[int]:
-    """The versions of the tokens the policy sampled (loss mask 1), in order; empty when it sampled none.
-    A trajectory with sampled tokens but no stamps (built before stamps existed) gives -1 for each."""
-    if len(trajectory.token_versions) != len(trajectory.loss_mask):
-        return [-1] * sum(1 for m in trajectory.loss_mask if m)
-    return [v for v, m in zip(trajectory.token_versions, trajectory.loss_mask, strict=True) if m]
+    """The versions of the tokens the policy sampled (loss mask 1), in order; empty when it sampled none. An
+    agent's earlier samples (``extra_samples``: it rewrote its history) come first: they are trained on with the
+    episode. A trajectory with sampled tokens but no stamps (built before stamps existed) gives -1 for each."""
+    earlier = [v for s in getattr(trajectory, "extra_samples", None) or []
+               for v in _masked_versions(getattr(s, "token_versions", ()), s.loss_mask)]
+    return earlier + _masked_versions(trajectory.token_versions, trajectory.loss_mask)
 
 
 def min_version(trajectories: Iterable[Trajectory]) -> int | None:

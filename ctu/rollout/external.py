@@ -51,6 +51,7 @@ class ExternalEpisode:
     tool_calls: int = 0
     model_s: float = 0.0
     started: float = field(default_factory=time.perf_counter)
+    params: SamplingParams = field(default_factory=SamplingParams)  # the sampling of the call that opened it
 
 
 def turn_seed(episode_seed: int, turn: int, params: SamplingParams) -> int | None:
@@ -94,23 +95,31 @@ class ExternalEpisodes:
         self.params = SamplingParams()
         self.batcher: GenerationBatcher | None = None
         self.version = 0  # the policy version served when the engine stamps none (initial weights: 0)
+        self.active = 0  # pool calls begun and not ended
 
     # -- lifecycle (called by the pool) -------------------------------------------------
     def begin(self, params: SamplingParams) -> None:
+        """One pool call starts: its episodes sample with ``params``. Calls may overlap (an asynchronous producer
+        plays groups while another is running): they share one batcher, open until the last call ends."""
         self.params = params
-        self.batcher = GenerationBatcher(self.engine, self.max_batch_size, seed=params.seed)
+        self.active += 1
+        if self.batcher is None:
+            self.batcher = GenerationBatcher(self.engine, self.max_batch_size, seed=params.seed)
 
     def end(self) -> None:
-        if self.batcher is not None:
+        self.active = max(0, self.active - 1)
+        if self.active == 0 and self.batcher is not None:
             self.batcher.close()
             self.batcher = None
 
-    async def open(self, episode_id: str, spec: EpisodeSpec, seed: int) -> ExternalEpisode:
+    async def open(self, episode_id: str, spec: EpisodeSpec, seed: int,
+                   params: SamplingParams | None = None) -> ExternalEpisode:
         domain, task = spec.domain, spec.task
         env = Episode(domain, task, self.user.start(domain, task, seed=seed), max_turns=self.limits.max_turns,
                       max_errors=self.limits.max_errors)
         opening = await env.reset()
-        state = ExternalEpisode(episode_id, spec, seed, env, domain.openai_tools(), opening)
+        state = ExternalEpisode(episode_id, spec, seed, env, domain.openai_tools(), opening,
+                                params=self.params if params is None else params)
         self.episodes[episode_id] = state
         return state
 
@@ -169,11 +178,11 @@ class ExternalEpisodes:
             state.stopped = "context"
             raise WireError(400, f"the prompt is {len(prompt)} tokens, at or over env.max_context_tokens="
                                  f"{self.limits.max_context_tokens}", "messages", "context_length_exceeded")
-        wanted = wire.requested_max_tokens(body) or self.params.max_tokens
+        wanted = wire.requested_max_tokens(body) or state.params.max_tokens
         turn = len(state.records)
-        params = replace(self.params, max_tokens=min(self.params.max_tokens, wanted, budget), n=1,
-                         seed=turn_seed(state.seed, turn, self.params),
-                         stop_token_ids=tuple(dict.fromkeys((*self.params.stop_token_ids, *self.chat.stop_token_ids))))
+        params = replace(state.params, max_tokens=min(state.params.max_tokens, wanted, budget), n=1,
+                         seed=turn_seed(state.seed, turn, state.params),
+                         stop_token_ids=tuple(dict.fromkeys((*state.params.stop_token_ids, *self.chat.stop_token_ids))))
         started = time.perf_counter()
         completion = await self.batcher.generate(prompt, params)
         state.model_s += time.perf_counter() - started
@@ -189,7 +198,7 @@ class ExternalEpisodes:
         state.last_finish = completion.finish_reason
         if completion.finish_reason == "length":  # cut mid-turn: no end-of-turn token; ctu's loop ends here too
             state.env.messages.append({"role": "assistant", "content": parsed.content})
-            state.stopped = "context" if budget < min(self.params.max_tokens, wanted) else "length"
+            state.stopped = "context" if budget < min(state.params.max_tokens, wanted) else "length"
         logprobs_out = None
         if body.get("logprobs"):
             logprobs_out = wire.logprobs_block([self.chat.tokenizer.decode([t]) for t in ids], logprobs)

@@ -33,7 +33,7 @@ from ctu.train.policy import Policy, reshard, token_logprobs
 Reduce = Callable[[list[float], str], list[float]]
 
 STAT_KEYS = ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "updates",
-             "sampler_trainer_logprob_diff", "trained_tokens")
+             "planned_updates", "sampler_trainer_logprob_diff", "trained_tokens")
 
 
 @dataclass
@@ -101,6 +101,14 @@ def split_episodes(n: int, parts: int, rng: random.Random) -> list[list[int]]:
         out.append(sorted(order[start:end]))
         start = end
     return [o for o in out if o]
+
+
+def planned_steps(n: int, parts: int, rng: random.Random) -> list[list[int]]:
+    """Exactly ``parts`` optimizer steps' episodes: :func:`split_episodes`, then empty steps where ``n < parts``
+    (an empty step on one rank still joins the others' collectives; on every rank, it only advances the
+    learning-rate schedule, so the schedule counts planned steps, whatever the episodes)."""
+    steps = split_episodes(n, parts, rng) if n else []
+    return steps + [[] for _ in range(parts - len(steps))]
 
 
 def collate(samples: Sequence[Sample], device, weights: Sequence[torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -184,6 +192,8 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     With ``reduce`` (data parallelism, see the module doc) ``samples`` is this rank's slice.
     """
     stats = empty_stats()
+    planned = cfg.ppo_epochs * max(1, cfg.mini_batches)
+    stats["planned_updates"] = float(planned)
     samples = [s for s in samples if any(s.mask)]
     filler = False  # this rank has no episode while others do: it joins every collective with a weightless one
     if reduce is not None:
@@ -192,6 +202,8 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
         if filler:
             samples = [FILLER]
     if not samples:
+        for _ in range(planned):  # the schedule counts planned steps (see planned_steps)
+            scheduler.step()
         return stats
     device = policy.device
     model = policy.model
@@ -203,7 +215,7 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
         norm_length = int(reduce([float(norm_length)], "max")[0])
         stats["trained_tokens"], sampled = reduce([stats["trained_tokens"], sampled], "sum")
     rng = random.Random(seed)
-    parts = cfg.mini_batches if reduce is None else int(reduce([float(min(cfg.mini_batches, len(samples)))], "min")[0])
+    parts = max(1, cfg.mini_batches)  # on every rank, whatever its episodes: a rank short of them joins with fillers
     # The policy before this update (and the reference), scored once per episode in eval mode. One optimizer
     # step over every episode, without dropout and without a reference, needs no scoring pass: the old policy
     # is the one the gradient pass runs, so its logprobs (detached) are the old ones.
@@ -241,13 +253,17 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     model.train()
     try:
         for _ in range(cfg.ppo_epochs):
-            for episodes in split_episodes(len(samples), parts, rng):
-                _optimizer_step(policy, optimizer, [samples[i] for i in episodes],
-                                [old[i] for i in episodes] if old is not None else None,
-                                [ref[i] for i in episodes] if ref is not None else None,
-                                [masks[i] for i in episodes], norm_length, cfg, temperature, sums, reduce, filler)
+            for episodes in planned_steps(len(samples), parts, rng):
+                everywhere = len(episodes) if reduce is None else int(reduce([float(len(episodes))], "sum")[0])
+                if everywhere:  # some rank has episodes for this step; one without joins with a weightless filler
+                    none = not episodes
+                    _optimizer_step(policy, optimizer, [FILLER] if none else [samples[i] for i in episodes],
+                                    ([torch.zeros(1)] if none else [old[i] for i in episodes]) if old is not None else None,
+                                    ([torch.zeros(1)] if none else [ref[i] for i in episodes]) if ref is not None else None,
+                                    [torch.zeros(1)] if none else [masks[i] for i in episodes], norm_length, cfg,
+                                    temperature, sums, reduce, filler or none)
+                    steps += 1
                 scheduler.step()
-                steps += 1
     finally:
         model.train(was_training)
     stats["updates"] = float(steps)
@@ -258,7 +274,7 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
     del sums["mismatch"]
     stats["sampler_trainer_logprob_diff"] = mismatch_sum / max(1.0, sampled)
     for key, value in sums.items():
-        stats[key] = value / steps
+        stats[key] = value / max(1, steps)
     return stats
 
 
@@ -307,13 +323,16 @@ def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[
                                                 clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, token_weights=tis)
         pg = (per_token * b["weight"]).sum()
         loss = pg
+        # every term of the loss weighs a token as the policy gradient does (stats: unweighted)
+        weight = b["weight"] if tis is None else b["weight"] * tis
+        ent_share = share if tis is None else share * tis
         if ref is not None:
-            kl = (kl_penalty(logp, _pad([ref[i] for i in idx], width, device), cfg.kl_estimator) * b["weight"]).sum()
-            loss = loss + cfg.kl_coef * kl
-            step["kl"] += float(kl.detach())
+            kl_tokens = kl_penalty(logp, _pad([ref[i] for i in idx], width, device), cfg.kl_estimator)
+            loss = loss + cfg.kl_coef * (kl_tokens * weight).sum()
+            step["kl"] += float((kl_tokens * b["weight"]).sum().detach())
         ent = (entropy * share).sum()
         if cfg.entropy_coef:
-            loss = loss - cfg.entropy_coef * ent
+            loss = loss - cfg.entropy_coef * (entropy * ent_share).sum()
         loss.backward()
         trim_heap()  # this micro-batch's freed activations leave the RSS before the next one's differently sized ones
         step["loss"] += float(loss.detach())

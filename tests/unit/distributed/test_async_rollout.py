@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from ctu.app.async_loop import AsyncRollouts
 from ctu.app.trainer import TaskSampler, TrainingRewards
 from ctu.config.schema import load_config
-from ctu.distributed.async_rollout import AsyncLocalPool, async_capacity
+from ctu.distributed.async_rollout import AsyncPool, async_capacity
+from ctu.distributed.pool import LocalPool
 from ctu.domains import get_domain
 from ctu.engines.base import Completion, Engine
 from ctu.episode.users.base import UserSession, UserSimulator
@@ -72,7 +73,7 @@ def rollouts_for(chat, engine, user, k, *extra):
                                 "trainer.max_steps=100", f"trainer.max_staleness={k}", "trainer.tis_cap=2.0",
                                 "sampling.max_tokens=8",
                                 *extra])
-    pool = AsyncLocalPool(engine, chat, user, RolloutLimits(max_turns=3), concurrency=16, max_batch_size=16)
+    pool = AsyncPool(LocalPool(engine, chat, user, RolloutLimits(max_turns=3), concurrency=16, max_batch_size=16))
     trainer = SimpleNamespace(
         config=config, step=0, pool=pool, sampler=TaskSampler([MINI], [1.0], seed=0),
         rewards=lambda batch: TrainingRewards(tuple(t.reward for t in batch), tuple(float(t.sample) for t in batch)))
@@ -213,3 +214,21 @@ def test_an_hf_engine_batch_never_mixes_weights_and_is_stamped_with_its_version(
     assert [[(c.token_ids, c.version) for c in row] for row in after] == \
         [[(c.token_ids, 1) for c in row] for row in want_new]
     assert [c.token_ids for row in want_old for c in row] != [c.token_ids for row in want_new for c in row]
+
+
+class UnstampedEngine(LockedEngine):
+    """An engine whose completions carry no policy version (the in-process vLLM engine did not stamp them)."""
+
+    def _generate(self, n):
+        return [[Completion(self.ids, (-0.5,) * len(self.ids), "stop", None)] for _ in range(n)]
+
+
+def test_an_engine_without_version_stamps_stops_the_step_in_one_line_instead_of_dropping_for_ever(chat_format):
+    engine = UnstampedEngine(chat_format)
+    trainer, rollouts = rollouts_for(chat_format, engine, SlowUser(random.Random(0), slow_share=0.0), 1)
+    trainer.step = 1
+    started = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"^asynchronous rollouts: the LocalPool's engine returned tokens without"):
+        rollouts.collect()
+    assert time.perf_counter() - started < 30
+    assert rollouts.producer.stopping

@@ -205,3 +205,12 @@ def test_the_fake_serves_a_reused_lora_id_from_its_cache(monkeypatch, tmp_path):
     a = run("v0", 1, paths[0])
     assert run("v1", 1, paths[1]) == a  # same id: vLLM's adapter cache serves the first adapter
     assert run("v1b", 2, paths[1]) != a  # a new id loads the new adapter
+
+
+def test_every_completion_carries_the_version_of_the_weights_that_sampled_it(engine):
+    """What asynchronous RL's staleness rule reads: None before any sync, then the version of the last load."""
+    (before,) = gen(engine, [PROMPT], temperature=0.0, max_tokens=2)[0]
+    assert before.version is None
+    engine.update_weights(strong_update(engine.llm.hf), version=3)
+    (after,) = gen(engine, [PROMPT], temperature=0.0, max_tokens=2)[0]
+    assert after.version == 3

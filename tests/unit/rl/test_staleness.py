@@ -55,3 +55,18 @@ def test_fresh_groups_split_by_the_oldest_sampled_token(groups, step, k):
         assert all(v >= step - 1 - k for t in built[i] for v in sampled_versions(t))
     for i in stale:
         assert any(0 <= v < step - 1 - k for t in built[i] for v in sampled_versions(t))
+
+
+def test_an_agents_earlier_samples_count_toward_the_groups_age():
+    """An agent that rewrote its history leaves earlier samples in ``extra_samples``: they are trained on with the
+    episode, so their tokens' versions decide freshness and staleness as the episode's own do."""
+    from ctu.rollout.stitch import TokenSample
+
+    old = TokenSample(prompt_ids=[1], response_ids=[7, 8, 9], loss_mask=[1, 0, 1], logprobs=[0.0] * 3,
+                      token_versions=[1, -1, 1])
+    rewritten = episode([4, 4])
+    rewritten.extra_samples = [old]
+    assert sampled_versions(rewritten) == [1, 1, 4, 4]
+    assert min_version([rewritten]) == 1 and max_version([rewritten]) == 4
+    assert not is_fresh([rewritten], step=5, max_staleness=1)  # its first sample is 3 versions old
+    assert token_staleness([rewritten], step=5) == [3, 3, 0, 0]

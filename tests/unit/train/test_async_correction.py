@@ -44,3 +44,22 @@ def test_the_loss_weighs_tokens_by_the_capped_ratio_to_the_sampler(offset, weigh
     assert corrected["pg_loss"] == pytest.approx(weight * plain["pg_loss"], rel=1e-3)
     assert uncorrected["pg_loss"] == pytest.approx(plain["pg_loss"], rel=1e-4)  # without a cap: blind to the sampler
     assert corrected["sampler_trainer_logprob_diff"] == pytest.approx(offset, abs=1e-3)
+
+
+@pytest.mark.parametrize("term", [["trainer.kl_coef=0.5"], ["trainer.entropy_coef=0.5"]])
+def test_the_kl_and_entropy_terms_are_weighed_like_the_policy_gradient(term):
+    """With zero advantages only the KL (or entropy) term moves the weights: a token the sampler found exp(2)
+    times likelier than the policy does now counts by min(exp(-2), cap) there too, so the step shrinks by that
+    weight; without the weight stale tokens would pull the policy towards (or away from) the reference at full
+    strength."""
+    batch = samples(n=4)
+    now = current_logprobs(batch)
+    fresh = [Sample(s.ids, s.mask, lps, 0.0) for s, lps in zip(batch, now, strict=True)]
+    stale = [Sample(s.ids, s.mask, [lp + 2.0 if m else 0.0 for lp, m in zip(lps, s.mask, strict=True)], 0.0)
+             for s, lps in zip(batch, now, strict=True)]
+    on = ["trainer.tis_cap=2.0", "trainer.loss_aggregation=token_mean", *term]
+    _, d_fresh, _, _ = run_update(on, fresh)
+    _, d_stale, _, _ = run_update(on, stale)
+    norm = lambda d: math.sqrt(sum(float(v.pow(2).sum()) for v in d.values()))  # noqa: E731
+    assert norm(d_fresh) > 0
+    assert norm(d_stale) == pytest.approx(math.exp(-2.0) * norm(d_fresh), rel=1e-2)

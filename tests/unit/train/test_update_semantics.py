@@ -139,7 +139,7 @@ def test_nothing_to_train_is_a_recorded_step_not_a_crash():
     for batch in ([], empty):
         stats, delta, _, sched = run_update([], batch)
         assert stats["updates"] == 0 and stats["loss"] == 0.0 and stats["trained_tokens"] == 0
-        assert sched.last_epoch == 0
+        assert sched.last_epoch == 1  # the schedule counts planned steps (one here), trained or not
         assert all(float(d.abs().max()) == 0 for d in delta.values())
 
 
@@ -248,3 +248,12 @@ def test_packing_shares_nothing_where_the_pass_cannot_share():
     plain = [len(b) for b in pack(policy.model, batch, 160, grad=True, training=True, share=True)]
     assert max(plain) <= 2  # checkpointed gradient passes run every row whole
     assert len(pack(policy.model, batch, 160, grad=False, training=False, share=True)) <= 2  # scoring still shares
+
+
+def test_the_lr_schedule_counts_every_planned_optimizer_step_even_with_fewer_episodes():
+    """trainer.mini_batches=3 over 2 episodes: 2 optimizer steps, and the scheduler still advances 3 (one per
+    planned step), so the learning-rate schedule of later steps does not depend on how many episodes came."""
+    stats, _, _, sched = run_update(["trainer.mini_batches=3", "trainer.tasks_per_step=3",
+                                     "trainer.samples_per_task=2"], samples(n=2))
+    assert stats["updates"] == 2 and stats["planned_updates"] == 3
+    assert sched.last_epoch == 3
