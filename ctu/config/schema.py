@@ -39,6 +39,8 @@ class EngineConfig:
     kind: Literal["hf", "remote", "vllm", "served"] = "hf"
     base_url: str | None = None  # remote, served: the OpenAI-compatible server (served: attach to it)
     api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable holding the key
+    timeout: float = 300.0  # remote, served: seconds per request to the server
+    max_retries: int = 4  # remote, served: retries after the first attempt (429, 5xx, timeouts, malformed replies)
     max_batch_size: int = 64
     gpu_memory_utilization: float = 0.5
     # After every weight sync a fixed probe sequence is scored by the engine and by the trainer;
