@@ -20,6 +20,7 @@ from ctu.config.checks import config_problems
 from ctu.config.checks import training_problems as training_problems  # re-exported
 from ctu.config.derived import engines_sleep, weight_sync_mode  # noqa: F401 - re-exported
 from ctu.config.redact import redact_data, remember_in
+from ctu.config.yaml_load import YAMLLoadError, expanded_size, load_yaml
 
 
 class ConfigError(ValueError):
@@ -375,6 +376,10 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    try:
+        expanded_size(value)
+    except YAMLLoadError as exc:
+        raise ConfigError(f"override '{key}': {exc}") from None
     return key, value
 
 
@@ -386,9 +391,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
         try:
-            tree = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+            tree = load_yaml(p.read_text(), str(p)) or {}
+        except YAMLLoadError as exc:
+            raise ConfigError(str(exc)) from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{p}: the top level must be a mapping")
     for text in overrides:
