@@ -7,7 +7,6 @@ naming the key. ``save`` writes the resolved config with secrets removed.
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,11 +19,8 @@ from ctu.config.checks import config_problems
 from ctu.config.checks import training_problems as training_problems  # re-exported
 from ctu.config.derived import engines_sleep, weight_sync_mode  # noqa: F401 - re-exported
 from ctu.config.redact import redact_data, remember_in
-from ctu.config.yaml_load import YAMLLoadError, expanded_size, load_yaml
-
-
-class ConfigError(ValueError):
-    """A bad configuration; the message names the key."""
+from ctu.config.yaml_load import ConfigError, load_yaml, set_dotted
+from ctu.config.yaml_load import parse_override as parse_override  # re-exported
 
 
 @dataclass
@@ -356,33 +352,6 @@ def _build(cls: type, data: Any, prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = tree
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """``a.b=value`` -> ("a.b", YAML-parsed value)."""
-    if "=" not in text or not re.match(r"^[A-Za-z_][\w.]*=", text):
-        raise ConfigError(f"override '{text}' must look like section.key=value")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    try:
-        expanded_size(value)
-    except YAMLLoadError as exc:
-        raise ConfigError(f"override '{key}': {exc}") from None
-    return key, value
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), cls: type = Config):
     """Read YAML (optional), apply overrides, type-check, validate."""
     tree: dict[str, Any] = {}
@@ -390,15 +359,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
-        try:
-            tree = load_yaml(p.read_text(), str(p)) or {}
-        except YAMLLoadError as exc:
-            raise ConfigError(str(exc)) from None
+        tree = load_yaml(p.read_text(), str(p)) or {}
         if not isinstance(tree, dict):
             raise ConfigError(f"{p}: the top level must be a mapping")
     for text in overrides:
         key, value = parse_override(text)
-        _set_dotted(tree, key, value)
+        set_dotted(tree, key, value)
     remember_in(tree)  # first: the credentials in its URLs never show, even in its errors
     config = _build(cls, tree)
     validate(config)

@@ -1,4 +1,5 @@
-"""YAML read safely and with its size bounded: :func:`load_yaml`.
+"""The config's text: YAML files (:func:`load_yaml`) and dotted overrides (:func:`parse_override`), read safely and
+with their size bounded; :class:`ConfigError`, the one error of a bad configuration.
 
 ``yaml.safe_load`` builds no objects of arbitrary classes, but it shares an anchored node wherever an alias names it:
 371 bytes of nested aliases ("billion laughs") load at once as a tree of 9^9 strings that every later walk of the
@@ -9,6 +10,7 @@ itself is refused.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -16,13 +18,13 @@ import yaml
 MAX_VALUES = 100_000  # scalars, lists and mappings of a config, counted with every alias expanded
 
 
-class YAMLLoadError(ValueError):
-    """Text that is not YAML, or YAML whose aliases expand too far (the message names ``where``)."""
+class ConfigError(ValueError):
+    """A bad configuration; the message names the key (or the file, or the override)."""
 
 
 def expanded_size(node: Any, limit: int = MAX_VALUES) -> int:
     """How many values ``node`` holds with every shared (aliased) node counted each time it appears; raises
-    :class:`YAMLLoadError` past ``limit`` or for a node inside itself. Shared nodes are sized once (memoized)."""
+    :class:`ConfigError` past ``limit`` or for a node inside itself. Shared nodes are sized once (memoized)."""
     sizes: dict[int, int] = {}
     open_nodes: set[int] = set()
 
@@ -33,13 +35,13 @@ def expanded_size(node: Any, limit: int = MAX_VALUES) -> int:
         if key in sizes:
             return sizes[key]
         if key in open_nodes:
-            raise YAMLLoadError("an alias refers to itself (a node inside itself)")
+            raise ConfigError("an alias refers to itself (a node inside itself)")
         open_nodes.add(key)
         total = 1
         for child in (x for pair in value.items() for x in pair) if isinstance(value, dict) else value:
             total += size(child)
             if total > limit:
-                raise YAMLLoadError(f"its aliases expand to more than {limit} values (a YAML alias bomb?); "
+                raise ConfigError(f"its aliases expand to more than {limit} values (a YAML alias bomb?); "
                                     "write the values out or use fewer nested aliases")
         open_nodes.discard(key)
         sizes[key] = total
@@ -48,7 +50,7 @@ def expanded_size(node: Any, limit: int = MAX_VALUES) -> int:
     try:
         return size(node)
     except RecursionError:
-        raise YAMLLoadError("nested too deeply") from None
+        raise ConfigError("nested too deeply") from None
 
 
 def load_yaml(text: str, where: str) -> Any:
@@ -57,11 +59,38 @@ def load_yaml(text: str, where: str) -> Any:
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise YAMLLoadError(f"{where}: not valid YAML: {' '.join(str(exc).split())}") from None
+        raise ConfigError(f"{where}: not valid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:
-        raise YAMLLoadError(f"{where}: nested too deeply") from None
+        raise ConfigError(f"{where}: nested too deeply") from None
     try:
         expanded_size(value)
-    except YAMLLoadError as exc:
-        raise YAMLLoadError(f"{where}: {exc}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     return value
+
+
+def set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b=value`` -> ("a.b", YAML-parsed value)."""
+    if "=" not in text or not re.match(r"^[A-Za-z_][\w.]*=", text):
+        raise ConfigError(f"override '{text}' must look like section.key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    try:
+        expanded_size(value)
+    except ConfigError as exc:
+        raise ConfigError(f"override '{key}': {exc}") from None
+    return key, value
