@@ -153,3 +153,22 @@ def test_a_server_that_never_answers_is_announced_then_times_out():
     assert lines and lines[0].startswith("ctu: waiting for http://127.0.0.1:")
     assert "tok-secret-777" not in " ".join(lines) and " s)" in lines[0]
     forget()
+
+
+@respx.mock
+def test_shaping_without_a_verdict_says_so_in_one_line(caplog):
+    from types import SimpleNamespace
+
+    from ctu.config.schema import ShapingConfig
+
+    respx.post(URL).mock(side_effect=[httpx.Response(200, text="<html>down</html>")] * 2
+                         + [httpx.Response(200, json=completion('{"score": 0.5}'))])
+    shaper = JudgeShaper(ShapingConfig(enabled=True, base_url="http://api.test/v1", max_retries=0,
+                                       api_key_env="CHAT_REPLIES_TEST_KEY"), sleep=lambda s: asyncio.sleep(0))
+    episodes = [SimpleNamespace(messages=HI)] * 3
+    with caplog.at_level("WARNING", logger="ctu.train.shaping"):
+        bonuses = asyncio.run(shaper.bonuses(episodes))
+    assert sorted(bonuses) == [0.0, 0.0, 0.1]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("shaping: no bonus for 2 of 3 episode(s) (first: model 'gpt-4.1-mini' at http://api.test")
+    assert "malformed reply" in line and "<html>down</html>" in line
