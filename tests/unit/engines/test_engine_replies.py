@@ -14,7 +14,7 @@ from ctu.engines.base import SamplingParams
 from ctu.engines.remote import RemoteEngine, RemoteEngineError
 from ctu.engines.served import ServedEngine, ServedEngineError
 from ctu.rollout import components
-from tests.unit.episode.test_chat_replies import SilentServer
+from tests.fakes.chat_server import SilentServer
 
 BASE = "http://vllm.test/v1"
 URL = f"{BASE}/completions"

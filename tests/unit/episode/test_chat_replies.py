@@ -4,8 +4,6 @@ query; a server that never answers is announced while ctu waits."""
 
 import asyncio
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -16,7 +14,7 @@ from ctu.episode.judge import JudgeError, LLMJudge
 from ctu.episode.llm_api import ChatAPIConfig, ChatClient, LLMCallError
 from ctu.episode.net import join_url, split_query
 from ctu.train.shaping import JudgeShaper
-from tests.fakes.chat_server import completion
+from tests.fakes.chat_server import SilentServer, completion
 
 HI = [{"role": "user", "content": "hi"}]
 URL = "http://api.test/v1/chat/completions"
@@ -113,34 +111,6 @@ def test_a_base_url_with_a_query_posts_to_the_path_with_the_query_kept():
     assert sent.path == "/v1/chat/completions" and sent.params["api_key"] == "abcd1234"
     assert json.loads(route.calls[0].request.content)["model"] == "m"
     forget()
-
-
-class SilentServer:
-    """Accepts connections and reads requests, never answers (until closed)."""
-
-    def __init__(self):
-        self.release = threading.Event()
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                stub.release.wait(10)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def test_a_server_that_never_answers_is_announced_then_times_out():
