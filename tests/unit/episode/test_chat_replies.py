@@ -142,3 +142,12 @@ def test_shaping_without_a_verdict_says_so_in_one_line(caplog):
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("shaping: no bonus for 2 of 3 episode(s) (first: model 'gpt-4.1-mini' at http://api.test")
     assert "malformed reply" in line and "<html>down</html>" in line
+
+
+def test_every_client_announces_a_wait_within_30_s_by_default():
+    from ctu.engines.remote import RemoteEngine
+    from ctu.engines.served import ServedEngine
+
+    assert 0 < ChatAPIConfig("m").notice_s <= 30 and 0 < client().notices.every_s <= 30
+    assert 0 < RemoteEngine("http://h/v1", "m").notices.every_s <= 30
+    assert 0 < ServedEngine("http://h/v1", "m", weights_dir="/nonexistent").notices.every_s <= 30
