@@ -151,3 +151,13 @@ def test_every_client_announces_a_wait_within_30_s_by_default():
     assert 0 < ChatAPIConfig("m").notice_s <= 30 and 0 < client().notices.every_s <= 30
     assert 0 < RemoteEngine("http://h/v1", "m").notices.every_s <= 30
     assert 0 < ServedEngine("http://h/v1", "m", weights_dir="/nonexistent").notices.every_s <= 30
+
+
+def test_a_base_url_query_is_accepted_and_a_fragment_refused_naming_the_key():
+    from ctu.config.schema import ConfigError, load_config
+
+    assert load_config(None, ["user.base_url=http://h/v1?api_key=fq-secret-1618"]).user.base_url.endswith("1618")
+    with pytest.raises(ConfigError, match=r"^judge\.base_url: has a '#' fragment") as err:
+        load_config(None, ["judge.base_url=http://h/v1#frag-secret-1618"])
+    assert "frag-secret" not in str(err.value)
+    forget()
