@@ -102,6 +102,10 @@ def config_problems(config: Config) -> list[str]:
         problems.append(f"sampling.top_p: must be in (0, 1], got {config.sampling.top_p}")
     if config.sampling.temperature < 0 or config.eval.temperature < 0:
         problems.append("sampling.temperature / eval.temperature: must be >= 0")
+    if not config.engine.timeout > 0:
+        problems.append(f"engine.timeout: must be > 0, got {config.engine.timeout}")
+    if config.engine.max_retries < 0:
+        problems.append(f"engine.max_retries: must be >= 0, got {config.engine.max_retries}")
     if config.engine.kind == "remote" and not config.engine.base_url:
         problems.append("engine.base_url: required when engine.kind is 'remote'")
     problems += served_problems(config)

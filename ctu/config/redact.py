@@ -146,8 +146,9 @@ def redact_data(node: Any) -> Any:
 
 
 def url_problem(url: str) -> str | None:
-    """What keeps ``url`` from being a well-formed http(s) URL whose credentials :func:`redact` finds, in words that
-    never quote it; None when it is fine."""
+    """What keeps ``url`` from being a well-formed http(s) base URL whose credentials :func:`redact` finds (no
+    fragment: ctu joins paths onto it; a query is kept as the query), in words that never quote it; None when it is
+    fine."""
     if re.search(r"[\s\x00-\x1f\x7f]", url):
         return "holds whitespace or a control character (percent-encode it: a space is %20)"
     match = re.match(r"https?://", url, re.I)
@@ -158,6 +159,9 @@ def url_problem(url: str) -> str | None:
     if "@" in rest[len(authority):] or authority.count("@") > 1:
         return ("has an '@' after the host or more than one: inside user:password, percent-encode '/' as %2F, "
                 "'?' as %3F, '#' as %23 and '@' as %40")
+    if "#" in rest:
+        return ("has a '#' fragment, which a server never receives (paths would be joined after it): remove it, "
+                "or percent-encode '#' as %23")
     return None
 
 

@@ -7,7 +7,6 @@ naming the key. ``save`` writes the resolved config with secrets removed.
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,10 +19,8 @@ from ctu.config.checks import config_problems
 from ctu.config.checks import training_problems as training_problems  # re-exported
 from ctu.config.derived import engines_sleep, weight_sync_mode  # noqa: F401 - re-exported
 from ctu.config.redact import redact_data, remember_in
-
-
-class ConfigError(ValueError):
-    """A bad configuration; the message names the key."""
+from ctu.config.yaml_load import ConfigError, load_yaml, set_dotted
+from ctu.config.yaml_load import parse_override as parse_override  # re-exported
 
 
 @dataclass
@@ -39,6 +36,8 @@ class EngineConfig:
     kind: Literal["hf", "remote", "vllm", "served"] = "hf"
     base_url: str | None = None  # remote, served: the OpenAI-compatible server (served: attach to it)
     api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable holding the key
+    timeout: float = 300.0  # remote, served: seconds per request to the server
+    max_retries: int = 4  # remote, served: retries after the first attempt (429, 5xx, timeouts, malformed replies)
     max_batch_size: int = 64
     gpu_memory_utilization: float = 0.5
     # After every weight sync a fixed probe sequence is scored by the engine and by the trainer;
@@ -353,29 +352,6 @@ def _build(cls: type, data: Any, prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = tree
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """``a.b=value`` -> ("a.b", YAML-parsed value)."""
-    if "=" not in text or not re.match(r"^[A-Za-z_][\w.]*=", text):
-        raise ConfigError(f"override '{text}' must look like section.key=value")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key, value
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), cls: type = Config):
     """Read YAML (optional), apply overrides, type-check, validate."""
     tree: dict[str, Any] = {}
@@ -383,15 +359,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
-        try:
-            tree = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        tree = load_yaml(p.read_text(), str(p)) or {}
         if not isinstance(tree, dict):
             raise ConfigError(f"{p}: the top level must be a mapping")
     for text in overrides:
         key, value = parse_override(text)
-        _set_dotted(tree, key, value)
+        set_dotted(tree, key, value)
     remember_in(tree)  # first: the credentials in its URLs never show, even in its errors
     config = _build(cls, tree)
     validate(config)

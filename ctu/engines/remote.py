@@ -2,8 +2,9 @@
 
 Prompts are sent as token ids; completions come back as token ids with per-token logprobs
 (vLLM's ``return_tokens_as_token_ids`` gives tokens as ``"token_id:123"``). Retries with
-exponential backoff on 429/5xx/timeouts/connection errors, honouring ``Retry-After``; the
-error after the last attempt names the URL, status and attempts, never the API key.
+exponential backoff on 429/5xx/timeouts/connection errors and on 200 replies that cannot be read (not JSON, the
+wrong shape), honouring ``Retry-After``; the error after the last attempt names the URL, status (or the malformed
+body's start) and attempts, never the API key. A request unanswered for ``notice_s`` prints ``waiting for URL``.
 
 Logprobs: a vLLM server returns, for ``logprobs=1``, the sampled token's value under the server's
 ``--logprobs-mode`` (a server-wide setting, not a request field; vllm/v1/sample/sampler.py): the default
@@ -16,6 +17,7 @@ take weights from the trainer (``accepts_weights = False``): it serves evaluatio
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import weakref
@@ -27,10 +29,18 @@ import httpx
 
 from ctu.config.redact import redact
 from ctu.engines.base import Completion, Engine, SamplingParams
+from ctu.episode.net import NOTICE_S, WaitNotices, completions_reply_problem, join_url, malformed
+
+# what reading a body that is not what was asked for raises (json's JSONDecodeError is a ValueError)
+READ_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError)
 
 
 class RemoteEngineError(RuntimeError):
     """The server could not produce a completion (after retries)."""
+
+
+class MalformedReply(ValueError):
+    """A 2xx body that is not what the request asks for (the words say what is wrong)."""
 
 
 def _token_id(token: Any) -> int:
@@ -59,6 +69,19 @@ def parse_choice(choice: dict[str, Any]) -> Completion:
     return Completion(ids, lps, "length" if reason == "length" else "stop")
 
 
+def read_completions(data: Any, n: int, version: int | None) -> list[Completion]:
+    """A ``/v1/completions`` reply's ``n`` completions in index order (a server that returned fewer: empty ones, not
+    a crash); :class:`MalformedReply` when it is not such a reply."""
+    problem = completions_reply_problem(data)
+    if problem is not None:
+        raise MalformedReply(problem)
+    choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
+    completions = [replace(parse_choice(c), version=version) for c in choices]
+    while len(completions) < n:
+        completions.append(Completion((), (), "stop"))
+    return completions[:n]
+
+
 class RemoteEngine(Engine):
     """Generation on an OpenAI-compatible completions server (evaluation only: it takes no weights)."""
 
@@ -66,8 +89,9 @@ class RemoteEngine(Engine):
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", max_retries: int = 4,
                  timeout: float = 300.0, concurrency: int = 64, backoff_initial: float = 0.5, backoff_max: float = 8.0,
-                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep, transport: httpx.AsyncBaseTransport | None = None):
-        self.url = base_url.rstrip("/") + "/completions"
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep, transport: httpx.AsyncBaseTransport | None = None,
+                 notice_s: float = NOTICE_S):
+        self.url = join_url(base_url, "completions")
         self.model = model
         self.max_retries = max_retries
         self.backoff = (backoff_initial, backoff_max)
@@ -79,6 +103,7 @@ class RemoteEngine(Engine):
         self._timeout = timeout
         self._transport = transport
         self._rng = random.Random(0)
+        self.notices = WaitNotices(notice_s)
 
     def __repr__(self) -> str:
         return f"RemoteEngine(url={redact(self.url)!r}, model={self.model!r})"
@@ -102,30 +127,48 @@ class RemoteEngine(Engine):
                       retry: Callable[[int], bool] = lambda status: status == 429 or status >= 500) -> httpx.Response:
         """``method url`` with the API key, retried with backoff while ``retry(status)`` (or on timeouts and
         connection errors, honouring ``Retry-After``); any other status is returned as it came."""
+        return (await self.request_read(client, method, url, body, retry))[0]
+
+    async def request_read(self, client: httpx.AsyncClient, method: str, url: str, body: dict[str, Any] | None = None,
+                           retry: Callable[[int], bool] = lambda status: status == 429 or status >= 500,
+                           read: Callable[[httpx.Response], Any] | None = None) -> tuple[httpx.Response, Any]:
+        """:meth:`request`, and ``read(response)`` of a 2xx reply (else None): a body ``read`` cannot read (it raises
+        one of ``READ_ERRORS``) is retried like a 5xx, then fails naming the URL and the body's start."""
         attempts = self.max_retries + 1
         last = "no attempt"
         for attempt in range(1, attempts + 1):
             delay = None
             try:
-                response = await client.request(method, url, json=body, headers=self._headers)
-                if response.status_code < 400 or not retry(response.status_code):
-                    return response
-                last = f"HTTP {response.status_code}"
-                retry_after = response.headers.get("retry-after")
-                delay = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None
+                response = await self.notices.wait(url, client.request(method, url, json=body, headers=self._headers))
+                if response.status_code < 300 and read is not None:
+                    try:
+                        return response, read(response)
+                    except READ_ERRORS + (RemoteEngineError,) as exc:
+                        problem = str(exc) if isinstance(exc, MalformedReply | RemoteEngineError) else (
+                            f"not JSON: {exc}" if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError)
+                            else f"{type(exc).__name__}: {exc}")
+                        last = malformed(problem, response.content)
+                elif response.status_code < 400 or not retry(response.status_code):
+                    return response, None
+                else:
+                    last = f"HTTP {response.status_code}"
+                    retry_after = response.headers.get("retry-after")
+                    delay = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else None
             except (httpx.TimeoutException, httpx.TransportError) as exc:
                 last = type(exc).__name__
             if attempt < attempts:
                 backoff = min(self.backoff[1], self.backoff[0] * 2 ** (attempt - 1)) * (0.5 + self._rng.random() / 2)
                 await self._sleep(min(self.backoff[1], delay) if delay is not None else backoff)
-        raise RemoteEngineError(f"{redact(url)} failed after {attempts} attempts (last error: {last})")
+        raise RemoteEngineError(redact(f"{url} failed after {attempts} attempts (last error: {last})"))
 
-    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
-        response = await self.request(client, "POST", self.url, body)
+    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any], n: int,
+                    version: int | None) -> list[Completion]:
+        response, completions = await self.request_read(client, "POST", self.url, body,
+                                                        read=lambda r: read_completions(r.json(), n, version))
         if response.status_code != 200:
-            raise RemoteEngineError(f"{redact(self.url)} refused the request: HTTP {response.status_code}: "
-                                    f"{response.text[:200]}")
-        return response.json()
+            raise RemoteEngineError(redact(f"{self.url} refused the request: HTTP {response.status_code}: "
+                                           f"{response.text[:200]}"))
+        return completions
 
     def _gate(self) -> asyncio.Semaphore:
         """The request gate of the running event loop (a semaphore serves one loop; each ``asyncio.run`` is new)."""
@@ -153,12 +196,8 @@ class RemoteEngine(Engine):
                 seed = seeds[i] if seeds is not None else (None if params.seed is None else params.seed + i * params.n)
                 model, version = self.target()  # taken when the request is sent: the weights that sample it
                 async with self._gate():
-                    data = await self._post(client, self.request_body(prompt, replace(params, seed=seed), model))
-                choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
-                completions = [replace(parse_choice(c), version=version) for c in choices]
-                while len(completions) < params.n:  # a server that returned fewer choices: empty, not a crash
-                    completions.append(Completion((), (), "stop"))
-                return completions[: params.n]
+                    return await self._post(client, self.request_body(prompt, replace(params, seed=seed), model),
+                                            params.n, version)
 
             return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 

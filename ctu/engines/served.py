@@ -35,15 +35,17 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from ctu.config.redact import redact
 from ctu.engines.base import Completion, SamplingParams
-from ctu.engines.remote import RemoteEngine, RemoteEngineError
+from ctu.engines.remote import MalformedReply, RemoteEngine, RemoteEngineError
+from ctu.episode.net import join_url
 
 log = logging.getLogger(__name__)
 NAME = re.compile(r"^ctu-v(\d+)$")
@@ -73,6 +75,14 @@ def run_sync(coro):
         return pool.submit(asyncio.run, coro).result()
 
 
+def server_info(response: httpx.Response) -> dict[str, Any]:
+    """``/server_info``'s ``vllm_config`` with its ``model_config`` (objects; {} where absent)."""
+    info = json_object(response).get("vllm_config") or {}
+    if not isinstance(info, dict) or not isinstance(info.get("model_config") or {}, dict):
+        raise MalformedReply("'vllm_config' (or its 'model_config') is not an object")
+    return info
+
+
 def server_message(response: httpx.Response) -> str:
     """vLLM's error message (``{"error": {"message"}}``, FastAPI's ``{"detail"}``), else the body's start."""
     try:
@@ -95,6 +105,30 @@ def route_missing(response: httpx.Response) -> bool:
     return response.status_code in (404, 405) and "error" not in response.text
 
 
+def server_root(base_url: str) -> str:
+    """The server's root URL from its OpenAI base URL: the path without a final ``/v1``, the query kept."""
+    parts = urlsplit(base_url)
+    path = parts.path.rstrip("/")
+    return urlunsplit((parts.scheme, parts.netloc, path[: -len("/v1")] if path.endswith("/v1") else path,
+                       parts.query, parts.fragment))
+
+
+def json_object(response: httpx.Response) -> dict[str, Any]:
+    """A reply's JSON object (:class:`MalformedReply` for another JSON value)."""
+    data = response.json()
+    if not isinstance(data, dict):
+        raise MalformedReply(f"a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def model_ids(response: httpx.Response) -> list[str]:
+    """The ``id`` of every card of ``GET /v1/models`` (``{"data": [{"id": ...}]}``)."""
+    cards = json_object(response).get("data") or []
+    if not isinstance(cards, list) or not all(isinstance(c, dict) for c in cards):
+        raise MalformedReply("'data' is not a list of model cards")
+    return [str(c.get("id")) for c in cards]
+
+
 class ServedEngine(RemoteEngine):
     """A vLLM server that takes the trainer's weights: LoRA adapters hot-loaded per version, or merged weights
     reloaded from disk (dev mode). ``weights_dir`` must be readable by the server at the same path (same machine,
@@ -105,8 +139,7 @@ class ServedEngine(RemoteEngine):
     def __init__(self, base_url: str, model: str, *, weights_dir: str, keep: int = 2, lora_alpha: float | None = None,
                  server=None, **remote_kwargs):
         super().__init__(base_url, model, **remote_kwargs)
-        root = base_url.rstrip("/")
-        self.root = root[: -len("/v1")] if root.endswith("/v1") else root
+        self.root = server_root(base_url)
         self.weights_dir = Path(weights_dir)
         self.keep = max(1, int(keep))
         self.lora_alpha = lora_alpha
@@ -126,10 +159,20 @@ class ServedEngine(RemoteEngine):
         return f"ServedEngine(url={redact(self.root)!r}, serving={self.served!r})"
 
     # -- HTTP ---------------------------------------------------------------------------------
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None,
+             read: Callable[[httpx.Response], Any] | None = None) -> httpx.Response:
+        """``method`` on the server's ``path`` (retried on ``ADMIN_RETRY``); with ``read``, :meth:`call_read`'s
+        response alone."""
+        return self.call_read(method, path, body, read)[0]
+
+    def call_read(self, method: str, path: str, body: dict[str, Any] | None = None,
+                  read: Callable[[httpx.Response], Any] | None = None) -> tuple[httpx.Response, Any]:
+        """The response and ``read(response)`` of a 2xx (a body it cannot read is retried, then fails naming the
+        URL and the body's start)."""
         async def go():
             async with httpx.AsyncClient(timeout=self._timeout, transport=self._transport) as client:
-                return await self.request(client, method, self.root + path, body, retry=lambda s: s in ADMIN_RETRY)
+                return await self.request_read(client, method, join_url(self.root, path), body,
+                                               retry=lambda s: s in ADMIN_RETRY, read=read)
 
         return run_sync(go())
 
@@ -144,10 +187,10 @@ class ServedEngine(RemoteEngine):
         health = self.call("GET", "/health")
         if health.status_code != 200:
             raise self.fail("GET /health", health)
-        response = self.call("GET", "/server_info?config_format=json")
+        response, data = self.call_read("GET", "/server_info?config_format=json", read=server_info)
         self.info = self.logprobs_mode = None
         if response.status_code == 200:
-            self.info = response.json().get("vllm_config") or {}
+            self.info = data
             self.logprobs_mode = (self.info.get("model_config") or {}).get("logprobs_mode")
         if weight_sync == "adapter":
             probe = self.call("POST", "/v1/unload_lora_adapter", {"lora_name": "ctu-route-check"})
@@ -197,13 +240,16 @@ class ServedEngine(RemoteEngine):
         model, _ = self.target()
         body = {"model": model, "prompt": list(ids), "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
                 "return_token_ids": True}
-        response = self.call("POST", "/v1/completions", body)
+        def rows_of(response: httpx.Response) -> list[float]:
+            rows = ((json_object(response).get("choices") or [{}])[0] or {}).get("prompt_logprobs") or []
+            if len(rows) != len(ids):
+                raise MalformedReply(f"{len(rows)} prompt logprob rows for {len(ids)} prompt tokens")
+            return [float(row[str(t)]["logprob"]) for row, t in zip(rows[1:], ids[1:], strict=True)]
+
+        response, values = self.call_read("POST", "/v1/completions", body, read=rows_of)
         if response.status_code != 200:
             raise self.fail(f"prompt logprobs of the parity probe with model '{model}'", response)
-        rows = (response.json().get("choices") or [{}])[0].get("prompt_logprobs") or []
-        if len(rows) != len(ids):
-            raise self.fail(f"prompt logprobs: {len(rows)} rows for {len(ids)} prompt tokens")
-        return [float(row[str(t)]["logprob"]) for row, t in zip(rows[1:], ids[1:], strict=True)]
+        return values
 
     # -- weights ------------------------------------------------------------------------------
     def update_adapter(self, named_tensors: Iterable[tuple[str, object]], version: int, peft_config=None) -> None:
@@ -243,10 +289,9 @@ class ServedEngine(RemoteEngine):
 
     def listed_versions(self) -> list[int]:
         """The ``ctu-v<version>`` adapters the server lists in ``GET /v1/models``."""
-        response = self.call("GET", "/v1/models")
+        response, names = self.call_read("GET", "/v1/models", read=model_ids)
         if response.status_code != 200:
             raise self.fail("GET /v1/models", response)
-        names = [card.get("id") for card in response.json().get("data") or []]
         return sorted(v for v in map(version_of, names) if v is not None)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, object]], version: int | None = None) -> None:
@@ -276,8 +321,8 @@ class ServedEngine(RemoteEngine):
         stamp = self.call("POST", "/update_weight_version", {"new_version": adapter_name(version)})
         if stamp.status_code != 200:
             raise self.fail(f"stamping weight version {version}", stamp)
-        info = self.call("GET", "/weight_info")
-        served = version_of(info.json().get("weight_version")) if info.status_code == 200 else None
+        info, data = self.call_read("GET", "/weight_info", read=json_object)
+        served = version_of(str(data.get("weight_version"))) if info.status_code == 200 else None
         with self._lock:
             self.weights_version = served
         self._prune(keep=1)
@@ -287,7 +332,8 @@ class ServedEngine(RemoteEngine):
         Without dev mode (404) an adapter sync goes on (its new name and path keep old KV out of reach)."""
         if not self.prefix_reset:
             return
-        response = self.call("POST", "/reset_prefix_cache" + ("?reset_running_requests=true" if running else ""))
+        response, data = self.call_read("POST", "/reset_prefix_cache" + ("?reset_running_requests=true" if running
+                                                                          else ""), read=json_object)
         if route_missing(response) and not running:
             self.prefix_reset = False
             log.warning("%s has no /reset_prefix_cache (VLLM_SERVER_DEV_MODE off): adapter versions keep their "
@@ -295,7 +341,7 @@ class ServedEngine(RemoteEngine):
             return
         if response.status_code != 200:
             raise self.fail("POST /reset_prefix_cache", response)
-        if not response.json().get("success", False) and running:
+        if not data.get("success", False) and running:
             raise self.fail("POST /reset_prefix_cache", hint=": the server did not reset its prefix cache")
 
     def _prune(self, keep: int | None = None) -> None:

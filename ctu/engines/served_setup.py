@@ -41,7 +41,8 @@ def served_engine(config) -> ServedEngine:
     server = launch_server(config, keep) if e.launch else None
     url = server.url + "/v1" if server is not None else e.base_url
     engine = ServedEngine(url, config.model.path, weights_dir=e.weights_dir or str(Path(config.run.dir) / "engine"),
-                          keep=keep, lora_alpha=config.lora.alpha, server=server, api_key_env=e.api_key_env)
+                          keep=keep, lora_alpha=config.lora.alpha, server=server, api_key_env=e.api_key_env,
+                          timeout=e.timeout, max_retries=e.max_retries)
     try:
         engine.connect(weight_sync_mode(config), lora=config.lora.enabled)
     except BaseException:

@@ -1,7 +1,7 @@
 """One client for OpenAI-compatible chat APIs (user simulator, judges), with retries.
 
-Retries with exponential backoff (and seeded jitter) on 429, 5xx, timeouts and connection
-errors, honouring ``Retry-After``; other 4xx fail at once with the server's own reason. After
+Retries with exponential backoff (and seeded jitter) on 429, 5xx, timeouts, connection errors and
+200 replies that cannot be read (not JSON, not a chat completion), honouring ``Retry-After``; other 4xx fail at once with the server's own reason. After
 the last attempt it raises :class:`LLMCallError` naming the model, URL, status, the server's
 reason and attempts — never the API key, which is read from the environment variable named in
 the config and kept out of every repr and message.
@@ -18,6 +18,7 @@ when that loop shuts down (``asyncio.run`` finalizes async generators before clo
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -26,8 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletionMessage
 
 from ctu.config.redact import redact, remember, remember_in
+from ctu.episode.net import NOTICE_S, WaitNotices, chat_reply_problem, join_url, malformed, split_query
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,7 @@ class ChatAPIConfig:
     backoff_initial: float = DEFAULT_BACKOFF_INITIAL
     backoff_max: float = DEFAULT_BACKOFF_MAX
     timeout: float = DEFAULT_TIMEOUT
+    notice_s: float = NOTICE_S  # a request unanswered this long prints "waiting for URL (N s)"
 
 
 async def _lifetime(client: Any, owner: dict, loop: asyncio.AbstractEventLoop) -> AsyncIterator[None]:
@@ -71,6 +75,7 @@ class ChatClient:
     seed: int = 0
     sleep: Callable[[float], Awaitable[Any]] = field(default=asyncio.sleep, repr=False)
     failures: list[str] = field(default_factory=list, init=False, repr=False)
+    notices: WaitNotices = field(init=False, repr=False)
     _key: str = field(default="", init=False, repr=False)
     _pools: dict = field(default_factory=dict, init=False, repr=False)
     _rng: random.Random = field(init=False, repr=False)
@@ -88,6 +93,7 @@ class ChatClient:
             remember(key)  # a server that echoes the key back shows it nowhere
         remember_in(self.config.base_url)  # nor a piece of the URL's password (an unchecked URL: InvalidURL)
         self._rng = random.Random(self.seed)
+        self.notices = WaitNotices(self.config.notice_s)
 
     async def _client(self) -> Any:
         """This event loop's client; built on first use in the loop, closed when the loop shuts down."""
@@ -96,7 +102,8 @@ class ChatClient:
         if entry is None:
             for old in [old for old in self._pools if old.is_closed()]:  # a loop closed without asyncio.run
                 self._pools.pop(old, None)
-            client = openai.AsyncOpenAI(api_key=self._key, base_url=self.config.base_url, max_retries=0,
+            base, query = split_query(self.config.base_url)  # the SDK appends paths to the base URL's whole text
+            client = openai.AsyncOpenAI(api_key=self._key, base_url=base, default_query=query or None, max_retries=0,
                                         timeout=self.config.timeout)
             keeper = _lifetime(client, self._pools, loop)
             await keeper.__anext__()
@@ -106,6 +113,9 @@ class ChatClient:
     def _failed(self, reason: str) -> None:
         self.failures.append(reason)
         del self.failures[:-1000]
+
+    def _url(self) -> str:
+        return join_url(self.config.base_url or "https://api.openai.com/v1", "chat/completions")
 
     def _where(self) -> str:
         return f"model '{self.config.model}' at {redact(self.config.base_url or 'the OpenAI API')}"
@@ -119,16 +129,17 @@ class ChatClient:
             delay = None
             try:
                 client = await self._client()
-                response = await client.chat.completions.create(
+                raw = await self.notices.wait(self._url(), client.chat.completions.with_raw_response.create(
                     model=self.config.model, messages=list(messages), temperature=temperature,
                     max_tokens=max_tokens, **({"seed": seed} if seed is not None else {}),
-                    **({"tools": tools} if tools else {}))
-                if tools and response.choices and response.choices[0].message.tool_calls:
-                    return response.choices[0].message
-                text = (response.choices[0].message.content or "") if response.choices else ""
-                if text.strip():
-                    return text
-                last = "empty reply"
+                    **({"tools": tools} if tools else {})))
+                reply, last = _read_reply(raw.content)
+                if reply is not None:
+                    if tools and reply.tool_calls:
+                        return reply
+                    if (reply.content or "").strip():
+                        return reply.content
+                    last = "empty reply"
             except openai.APIStatusError as exc:
                 status, reason = exc.status_code, redact(server_reason(exc))
                 last = f"HTTP {status}: {reason}" if reason else f"HTTP {status}"
@@ -148,6 +159,21 @@ class ChatClient:
                          last, wait)
                 await self.sleep(wait)
         raise LLMCallError(f"{self._where()} failed after {attempts} attempts (last error: {last})")
+
+
+def _read_reply(body: bytes) -> tuple[Any, str]:
+    """The first choice's message of a chat completion body, or (None, why it cannot be read)."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        return None, malformed(f"not JSON: {exc}", body)
+    problem = chat_reply_problem(data)
+    if problem is not None:
+        return None, malformed(problem, body)
+    try:
+        return ChatCompletionMessage.model_validate(data["choices"][0]["message"]), ""
+    except ValueError as exc:  # pydantic's ValidationError
+        return None, malformed(f"not a chat message: {str(exc).splitlines()[0]}", body)
 
 
 def server_reason(exc: openai.APIStatusError, limit: int = 300) -> str:

@@ -54,7 +54,8 @@ def build_engine(config: Config, model=None, tokenizer=None):
                            kv_reuse=config.engine.kv_reuse, kv_cache_tokens=config.engine.kv_cache_tokens)
     if kind == "remote":
         return make_engine("remote", base_url=config.engine.base_url, model=config.model.path,
-                           api_key_env=config.engine.api_key_env)
+                           api_key_env=config.engine.api_key_env, timeout=config.engine.timeout,
+                           max_retries=config.engine.max_retries)
     if kind == "served":
         from ctu.engines.served_setup import served_engine
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from ctu.domains.base import Domain, Task
 from ctu.engines.base import Completion, Engine, SamplingParams
+from ctu.engines.remote import RemoteEngineError
 from ctu.episode.env import AgentTurn, Episode, ToolCall, system_prompt
 from ctu.episode.llm_api import LLMCallError
 from ctu.episode.parsing import parse_model_output
@@ -245,8 +246,13 @@ async def run_episode(
         turn_params = replace(params, max_tokens=min(params.max_tokens, budget), n=1, seed=turn_seed,
                               stop_token_ids=tuple(dict.fromkeys((*params.stop_token_ids, *chat.stop_token_ids))))
         started = time.perf_counter()
-        completion = await batcher.generate(seq.all_ids(), turn_params)
-        model_s += time.perf_counter() - started
+        try:
+            completion = await batcher.generate(seq.all_ids(), turn_params)
+        except RemoteEngineError as exc:  # the model's server failed after its retries: errored, not the run
+            stop_reason, episode.error = "error", f"engine: {exc}"
+            break
+        finally:
+            model_s += time.perf_counter() - started
         seq.add_generated(list(completion.token_ids), list(completion.logprobs))
         versions += [-1 if completion.version is None else completion.version] * len(completion.token_ids)
         text = chat.decode_generated(completion.token_ids)

@@ -8,14 +8,17 @@ The bonus is ``max_bonus`` x (score in [-1, 1]) from the judge's verdict. It onl
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Sequence
 
+from ctu.config.redact import redact
 from ctu.config.schema import ShapingConfig
 from ctu.episode.judge import conversation_text
 from ctu.episode.llm_api import ChatAPIConfig, ChatClient, LLMCallError
 from ctu.episode.parsing import repair_json
 
+log = logging.getLogger(__name__)
 FAILURE_MODES = ("wrong_tool", "wrong_arguments", "policy_violation", "missing_confirmation",
                  "hallucinated_information", "gave_up_early", "none")
 PROMPT = f"""You review a customer-service agent's conversation. Name its failure modes, from this list:
@@ -33,20 +36,29 @@ class JudgeShaper:
         self.max_tokens = config.max_tokens
 
     async def bonus(self, messages) -> float:
+        return (await self._bonus(messages))[0]
+
+    async def _bonus(self, messages) -> tuple[float, str | None]:
+        """The bonus, and why there is none (None when the judge gave a score)."""
         try:
             text = await self.client.complete([{"role": "system", "content": PROMPT},
                                                {"role": "user", "content": conversation_text(messages)}],
                                               max_tokens=self.max_tokens)
-        except LLMCallError:
-            return 0.0  # no verdict, no shaping: the env reward stands alone
+        except LLMCallError as exc:
+            return 0.0, str(exc)  # no verdict, no shaping: the env reward stands alone
         match = re.search(r"\{.*\}", text, re.S)
         parsed = repair_json(match.group(0)) if match else None
         score = parsed[0].get("score") if parsed and isinstance(parsed[0], dict) else None
         if not isinstance(score, (int, float)) or isinstance(score, bool):
-            return 0.0
-        return self.max_bonus * max(-1.0, min(1.0, float(score)))
+            return 0.0, f"the shaping judge's reply has no numeric score: {text[:200]!r}"
+        return self.max_bonus * max(-1.0, min(1.0, float(score))), None
 
     async def bonuses(self, trajectories: Sequence) -> list[float]:
-        return list(await asyncio.gather(*(self.bonus(t.messages) for t in trajectories)))
-
-
+        """One bonus per trajectory; those without one (the judge failed or gave no score) are counted in one
+        warning line with the first reason."""
+        results = await asyncio.gather(*(self._bonus(t.messages) for t in trajectories))
+        missed = [why for _, why in results if why is not None]
+        if missed:
+            log.warning("%s", redact(f"shaping: no bonus for {len(missed)} of {len(results)} episode(s) "
+                                     f"(first: {missed[0]})"))
+        return [bonus for bonus, _ in results]

@@ -118,3 +118,21 @@ def test_eval_on_banking_knowledge_gives_an_llm_user_the_tasks_own_tools(tmp_pat
     sent = json.loads(route.calls[0].request.content)
     assert [t["function"]["name"] for t in sent["tools"]] == ["apply_for_credit_card"]  # task_001's user_tools
     assert json.loads((run_dir / "report.json").read_text())["banking_knowledge"]["errored"] == 0
+
+
+@respx.mock
+def test_eval_with_a_user_server_replying_malformed_json_errors_episodes_not_the_command(tmp_path, monkeypatch, capsys):
+    # it ended the command at the first reply: "ctu: error: Expecting property name enclosed in double quotes"
+    monkeypatch.setenv("SIM_KEY", "k")
+    route = respx.post("http://sim.test/v1/chat/completions").mock(return_value=httpx.Response(
+        200, text='{"choices": [{bad', headers={"content-type": "application/json"}))
+    run_dir = tmp_path / "malformed"
+    assert main(["eval", *FAST, "user.kind=llm", "user.base_url=http://sim.test/v1?sig=qs-secret-2718",
+                 "user.api_key_env=SIM_KEY", "user.max_retries=1", "user.backoff_initial=0.01",
+                 "user.backoff_max=0.01", f"run.dir={run_dir}"]) == 1
+    assert json.loads((run_dir / "report.json").read_text())["overall"]["errored"] == 3
+    assert len(route.calls) == 6 and all(c.request.url.params["sig"] == "qs-secret-2718" for c in route.calls)
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("ctu: error:")]
+    assert "failed after 2 attempts" in line and "malformed reply (not JSON" in line and """'{"choices": [{bad'""" in line
+    assert "http://sim.test/v1?sig=<redacted>" in line and "qs-secret-2718" not in err

@@ -2,7 +2,8 @@
 
 Unlike respx it goes through real sockets and httpx's connection pool, which is what the "Event loop is
 closed" bug needs. ``script`` is a list of ``(status, body_or_text, headers)`` served in order (the last
-one repeats); every request's JSON body is kept in ``requests``.
+one repeats); every request's JSON body is kept in ``requests``. :class:`SilentServer` accepts requests and never
+answers.
 """
 
 from __future__ import annotations
@@ -57,5 +58,35 @@ class StubChatServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class SilentServer:
+    """Accepts connections and reads requests (GET and POST), never answers (until closed, or 10 s)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                stub.release.wait(10)
+
+            do_GET = do_POST
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()

@@ -3,10 +3,13 @@
 import asyncio
 import json
 
+import httpx
 import pytest
+import respx
 
 from ctu.domains import get_domain
 from ctu.engines.base import Completion, Engine, SamplingParams
+from ctu.engines.remote import RemoteEngine
 from ctu.episode.reward import score_transcript
 from ctu.episode.users.base import UserSession, UserSimulator, UserSimulatorError
 from ctu.episode.users.scripted import ScriptedUser
@@ -128,3 +131,17 @@ def test_many_episodes_are_batched_and_keep_their_order(chat):
     assert [(t.task_id, t.sample) for t in out] == [(s.task.id, s.sample) for s in specs]
     assert engine.calls == len(specs)
     assert asyncio.run(rollout([], chat, engine, ScriptedUser(), SamplingParams(), RolloutLimits())) == []
+
+
+@respx.mock
+def test_an_engine_server_that_keeps_failing_errors_the_episode_not_the_run(chat):
+    # a 200 with a body that is not JSON, on every attempt: the run goes on, this episode is errored and says why
+    respx.post("http://vllm.test/v1/completions").mock(return_value=httpx.Response(200, text="{not json"))
+
+    async def no_sleep(seconds):
+        pass
+
+    engine = RemoteEngine("http://vllm.test/v1", "m", max_retries=1, sleep=no_sleep)
+    (t,) = run(chat, engine)
+    assert t.stop_reason == "error" and t.reward == 0.0 and t.error.startswith("engine: ")
+    assert "http://vllm.test/v1/completions failed after 2 attempts" in t.error and "'{not json'" in t.error
