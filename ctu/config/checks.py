@@ -269,7 +269,7 @@ def training_problems(config: Config) -> list[str]:
 
 def served_problems(config: Config) -> list[str]:
     """``engine.kind=served``: attach (``engine.base_url``) or launch, and room for every version in use."""
-    e, out = config.engine, []
+    e, out = config.engine, list[str]()
     if e.kind != "served":
         return out
     if e.launch == bool(e.base_url):

@@ -18,10 +18,9 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
-from ctu.config.checks import config_problems
-from ctu.config.checks import training_problems as training_problems  # re-exported
-from ctu.config.derived import engines_sleep, weight_sync_mode  # noqa: F401 - re-exported
-from ctu.config.fields import (  # noqa: F401 - re-exported: the config's classes are imported from here
+from ctu.config.checks import config_problems, training_problems
+from ctu.config.derived import engines_sleep, weight_sync_mode
+from ctu.config.fields import (
     AgentConfig,
     ChatAPIBudget,
     Config,
@@ -41,6 +40,36 @@ from ctu.config.fields import (  # noqa: F401 - re-exported: the config's classe
     WandbConfig,
 )
 from ctu.config.redact import redact_data, remember_in
+
+# the config's classes and what derives from them are imported from here
+__all__ = [
+    "AgentConfig",
+    "ChatAPIBudget",
+    "Config",
+    "ConfigError",
+    "DistributedConfig",
+    "EngineConfig",
+    "EnvConfig",
+    "EvalConfig",
+    "FilterConfig",
+    "JudgeConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "RunConfig",
+    "SamplingConfig",
+    "ShapingConfig",
+    "TrainerConfig",
+    "UserConfig",
+    "WandbConfig",
+    "engines_sleep",
+    "load_config",
+    "parse_override",
+    "save_config",
+    "to_dict",
+    "training_problems",
+    "validate",
+    "weight_sync_mode",
+]
 
 
 class ConfigError(ValueError):
@@ -90,7 +119,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _, val_tp = get_args(tp)
         return {str(k): _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key)
+        return _build(typing.cast(type, tp), value, key)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-5 as a string
@@ -118,7 +147,7 @@ def _build(cls: type, data: Any, prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     node = tree
     for part in parts[:-1]:
@@ -141,7 +170,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), cls: type = Config):
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), cls: type = Config) -> Config:
     """Read YAML (optional), apply overrides, type-check, validate."""
     tree: dict[str, Any] = {}
     if path is not None:
@@ -158,7 +187,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         key, value = parse_override(text)
         _set_dotted(tree, key, value)
     remember_in(tree)  # first: the credentials in its URLs never show, even in its errors
-    config = _build(cls, tree)
+    config: Config = _build(cls, tree)
     validate(config)
     return config
 
@@ -172,7 +201,7 @@ def validate(config: Any) -> None:
 def to_dict(config: Any) -> dict[str, Any]:
     """The config as plain data with secrets removed (``ctu.config.redact.redact_data``: names of env vars are kept, values
     never; URLs lose their userinfo and secret query values)."""
-    return redact_data(dataclasses.asdict(config))
+    return typing.cast(dict[str, Any], redact_data(dataclasses.asdict(config)))
 
 
 def save_config(config: Any, path: str | Path) -> None:
