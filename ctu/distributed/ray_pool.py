@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ctu.distributed.pool import (
     PROBE_PROMPT,
@@ -65,7 +66,7 @@ class RolloutWorker:
         self.user = build.build_user(config)
         self.domains = build.build_domains(config)
         self.limits = limits_of(config)
-        self._judge = None
+        self._judge: Any = None
         self.version = -1
 
     def pid(self) -> int:
@@ -173,7 +174,7 @@ class RayPool(RolloutPool):
             remote = ray.remote(RolloutWorker)
             faults = fault_files or {}
             for k in range(num_workers):  # placement: the trainer group's placement group (placement_bundles)
-                options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts,
+                options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts,
                            "max_task_retries": 0}
                 if placement is not None:
                     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -267,7 +268,7 @@ class RayPool(RolloutPool):
         if isinstance(named_tensors, PackedRef):
             self.weights_ref = named_tensors.ref
         else:
-            self.weights_ref = ray.put(pack(named_tensors, wire_dtype(self.config)))
+            self.weights_ref = ray.put(pack(named_tensors, wire_dtype(self.config)))  # type: ignore[arg-type]
         self.version = version
         self._broadcast("load_weights", self.weights_ref, version, tolerate_deaths=True)
 
@@ -288,7 +289,7 @@ class RayPool(RolloutPool):
             if k not in samples:
                 out.append(float("nan"))
                 continue
-            engine = ResultsEngine(lambda _prompts, _params, got=samples[k]: got)
+            engine = ResultsEngine(lambda _prompts, _params, got=samples[k]: got)  # type: ignore[misc]
             out.append(probe_parity(engine, score_fn, prompt_ids, temperature=temperature, tokens=tokens, seed=seed))
         return out
 
