@@ -208,7 +208,7 @@ PARAGRAPH_MAX_LINES = 8  # lines of 120 characters: a long line counts as the li
 WRAP = 120
 # words of the development process: issue numbers, the sessions that measured a figure, a device lent to one
 PROCESS_WORDS = re.compile(
-    r"\bissues? #?\d+|\b(?:this|that|a later|an earlier|earlier|later|previous|next|same|two|one) sessions?\b"
+    r"\bissues? #?\d+|\bthe issue's\b|\b(?:this|that|a later|an earlier|earlier|later|previous|next|same|two|one) sessions?\b"
     r"|\bsession's (?:end|time|device|GPU|machine|H100|H200)\b|\bthis stop\b|\blent to\b|\bthis task's device\b",
     re.IGNORECASE)
 
@@ -270,7 +270,7 @@ def test_the_reading_checks_see_long_paragraphs_and_process_words():
     assert [wrapped_lines(r) for r in runs] == [9, 4]
     assert paragraphs("- item\n  more\n\n  indented\n") == []
     for bad in ("measured in issue 30", "a later session found", "this session's machine", "lent to an earlier",
-                "before this stop's heap trim", "Issue #12"):
+                "before this stop's heap trim", "Issue #12", "the issue's target"):
         assert PROCESS_WORDS.search(bad), bad
     for fine in ("nox sessions: lint, unit", "the nox session installs", "a user simulator with slow sessions",
                  "tissue 3"):
