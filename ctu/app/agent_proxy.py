@@ -103,7 +103,7 @@ class AgentProxy:
         if path == "/v1/chat/completions" and method == "POST":
             episode_id = headers.get("X-Episode-Id") or (body.get("user") if isinstance(body, dict) else None)
             self.episodes.get(episode_id)  # 400/404 before the body is read further
-            return self.call(self.episodes.complete(episode_id, body))
+            return self.call(self.episodes.complete(episode_id, body))  # type: ignore[arg-type]  # get() refused None
         match = _EPISODE_ROUTE.match(path)
         if match is None:
             raise WireError(404, f"no route {method} {path} (see docs/agents.md)")

@@ -38,7 +38,7 @@ def all_errored(trajectories: Sequence[Trajectory]) -> str | None:
 def episode_specs(domains: Sequence[Domain], splits: Sequence[str], samples: int,
                   max_tasks: int | None = None) -> list[EpisodeSpec]:
     """Every (domain, split) task, ``samples`` times each; tasks in split order, first ``max_tasks``."""
-    specs = []
+    specs: list[EpisodeSpec] = []
     for domain in domains:
         seen: set[str] = set()
         for split in splits:

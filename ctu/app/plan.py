@@ -173,7 +173,7 @@ def layout(config, gpus: int | None = None) -> Layout:
         return Layout(ranks, 0 if rw else 1, False, 0, ranks)
     if not rw:
         return Layout(tw, 1, False, 0, tw)
-    if d.placement == "split":
+    if d.placement == "split":  # type: ignore[union-attr]  # tw > 0: a distributed section
         return Layout(tw, 0, True, rw, tw + rw)
     return Layout(tw, -(-rw // tw), True, 0, tw)
 

@@ -19,7 +19,7 @@ import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn
 
 TEMP_TAG = ".ctu-tmp."
 _TEMP = re.compile(r"\.ctu-tmp\.(?P<host>[A-Za-z0-9_-]*)\.(?P<pid>[0-9]+)\.[0-9a-f]+$")
@@ -58,7 +58,7 @@ def _alive(pid: int) -> bool:
 
 def remove_stale_temps(folder: str | Path) -> list[Path]:
     """Remove the temporaries in ``folder`` left by writers on this host that are no longer running."""
-    host, removed = _host(), []
+    host, removed = _host(), list[Path]()
     try:
         names = os.listdir(folder)
     except OSError:
@@ -87,7 +87,7 @@ def _reraise(exc: BaseException, target: Path, tmp: Path) -> NoReturn:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
     """``with atomic_open(p) as f: f.write(...)``: ``p`` appears (or is replaced) only when the block succeeds."""
     target = check_target(path)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Value checks for :mod:`ctu.config.schema`: each problem is one line naming its key.
 
-``config_problems`` holds the checks every command runs when a config is loaded (``Config.problems()``);
+``config_problems`` holds the checks every command runs when a config is loaded (``ctu.config.schema.validate``);
 ``training_problems`` what ``ctu train`` additionally needs of the config alone (the warm start's data file is
 read by :func:`ctu.train.demos.prepared_samples`). Both return lists of messages; raising is the caller's
 business (``ctu.config.schema.validate``, the trainer).
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from ctu.config.derived import max_staleness, weight_sync_mode
 
-if TYPE_CHECKING:  # annotations only: ctu.config.schema imports this module
-    from ctu.config.schema import ChatAPIBudget, Config
+if TYPE_CHECKING:
+    from ctu.config.fields import ChatAPIBudget, Config
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py: MaxLoRARanks
 
@@ -266,7 +266,7 @@ def training_problems(config: Config) -> list[str]:
 
 def served_problems(config: Config) -> list[str]:
     """``engine.kind=served``: attach (``engine.base_url``) or launch, and room for every version in use."""
-    e, out = config.engine, []
+    e, out = config.engine, list[str]()
     if e.kind != "served":
         return out
     if e.launch == bool(e.base_url):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-if TYPE_CHECKING:  # annotations only: ctu.config.schema imports this module
-    from ctu.config.schema import Config
+if TYPE_CHECKING:
+    from ctu.config.fields import Config
 
 
 def engines_sleep(config: Config) -> bool:

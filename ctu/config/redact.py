@@ -35,7 +35,7 @@ _WITHOUT_SCHEME = re.compile(
 # only ``key=`` is consumed, so that a pair inside a value that is not secret is seen too
 _PAIR = re.compile(r"(?:^|(?<=[?&;#\s]))(?P<key>[^\s=&;#?]+)=(?=(?P<value>[^\s&;#]+))")
 _known: set[str] = set()
-_known_pattern: re.Pattern | None = None
+_known_pattern: re.Pattern[str] | None = None
 
 
 def is_secret_key(name: str) -> bool:
@@ -96,7 +96,8 @@ def _spans(text: str, found: list[str]) -> list[tuple[int, int]]:
 
 def _replace(text: str, spans: list[tuple[int, int]]) -> str:
     """Each run of overlapping or touching spans replaced by one ``<redacted>``."""
-    out, pos = [], 0
+    out: list[str] = []
+    pos = 0
     for start, end in sorted(spans):
         if start > pos or not out:
             out += [text[pos:start], REDACTED]

@@ -15,6 +15,7 @@ import fcntl
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 LOCK_NAME = ".ctu.lock"
@@ -88,10 +89,10 @@ class RunDirLock:
     def __enter__(self) -> RunDirLock:
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def __del__(self):  # a holder dropped without release (a test's trainer never run): free the directory
+    def __del__(self) -> None:  # a holder dropped without release (a test's trainer never run): free the directory
         try:
             self.release()
         except OSError:
@@ -126,7 +127,7 @@ def describe_non_directory(path: Path) -> str:
     return "a file, not a directory" if path.is_file() else "not a directory"
 
 
-def _lock_directory(run_dir: Path, refusal) -> int | None:
+def _lock_directory(run_dir: Path, refusal: Callable[..., Exception]) -> int | None:
     """The directory's descriptor, flocked; None where this filesystem cannot flock a directory."""
     fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -143,7 +144,7 @@ def _lock_directory(run_dir: Path, refusal) -> int | None:
     return fd
 
 
-def _lock_file(fd: int, refusal) -> None:
+def _lock_file(fd: int, refusal: Callable[..., Exception]) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

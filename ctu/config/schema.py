@@ -1,7 +1,10 @@
-"""One typed configuration: dataclasses read from YAML with dotted ``a.b.c=value`` overrides.
+"""One typed configuration: the dataclasses of :mod:`ctu.config.fields` read from YAML with dotted ``a.b.c=value``
+overrides.
 
 Unknown keys, wrong types and inconsistent values fail before any work, with a message
 naming the key. ``save`` writes the resolved config with secrets removed.
+
+Imports point one way inside the package: ``fields`` <- ``derived`` <- ``checks`` <- ``schema``.
 """
 
 from __future__ import annotations
@@ -9,276 +12,65 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
-from ctu.config.checks import config_problems
-from ctu.config.checks import training_problems as training_problems  # re-exported
-from ctu.config.derived import engines_sleep, weight_sync_mode  # noqa: F401 - re-exported
+from ctu.config.checks import config_problems, training_problems
+from ctu.config.derived import engines_sleep, weight_sync_mode
+from ctu.config.fields import (
+    AgentConfig,
+    ChatAPIBudget,
+    Config,
+    DistributedConfig,
+    EngineConfig,
+    EnvConfig,
+    EvalConfig,
+    FilterConfig,
+    JudgeConfig,
+    LoraConfig,
+    ModelConfig,
+    RunConfig,
+    SamplingConfig,
+    ShapingConfig,
+    TrainerConfig,
+    UserConfig,
+    WandbConfig,
+)
 from ctu.config.redact import redact_data, remember_in
 from ctu.config.yaml_load import ConfigError, load_yaml, set_dotted
 from ctu.config.yaml_load import parse_override as parse_override  # re-exported
 
-
-@dataclass
-class ModelConfig:
-    path: str = "smollm2-135m"
-    template: str | None = None  # hermes | compact | a .jinja file; default: the model's own if tool-aware, else hermes
-    enable_thinking: bool = False  # Qwen3 thinking blocks
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-
-
-@dataclass
-class EngineConfig:
-    kind: Literal["hf", "remote", "vllm", "served"] = "hf"
-    base_url: str | None = None  # remote, served: the OpenAI-compatible server (served: attach to it)
-    api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable holding the key
-    timeout: float = 300.0  # remote, served: seconds per request to the server
-    max_retries: int = 4  # remote, served: retries after the first attempt (429, 5xx, timeouts, malformed replies)
-    max_batch_size: int = 64
-    gpu_memory_utilization: float = 0.5
-    # After every weight sync a fixed probe sequence is scored by the engine and by the trainer;
-    # the run stops when the largest per-token logprob difference exceeds this.
-    parity_tolerance: float | None = None  # null: from the dtypes (ctu.engines.parity.default_parity_tolerance)
-    parity_probe_tokens: int = 16
-    # vllm: merged HF weights, or the LoRA adapter (new id per version); auto: the adapter for LoRA on vLLM
-    # without Ray rollout workers, else merged (see weight_sync_mode)
-    weight_sync: Literal["auto", "merged", "adapter"] = "auto"
-    colocated: bool = True  # vllm shares the GPU with the trainer: sleep during updates, wake for rollouts
-    kv_reuse: bool = True  # hf: keep each episode's KV cache across its turns (false: prefill every prompt whole)
-    kv_cache_tokens: int = 32768  # hf: at most this many tokens' KV kept between calls (least recently used dropped)
-    # served (docs/served.md): start `python -m vllm.entrypoints.openai.api_server` (else attach to base_url)
-    launch: bool = False
-    launch_python: str | None = None  # the python that has vLLM; null: this one
-    launch_args: list[str] = field(default_factory=list)  # more server flags
-    launch_timeout_s: float = 600.0
-    max_loras: int | None = None  # served: adapters the server holds (--max-loras); null: trainer staleness + 1
-    weights_dir: str | None = None  # served: written here for the server to read (shared path); null: {run.dir}/engine
-
-
-@dataclass
-class SamplingConfig:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 256  # per assistant turn
-    seed: int = 0
-
-
-@dataclass
-class ChatAPIBudget:
-    """How a chat API (LLM user, judge, shaping judge) is waited for. By default a failing request is retried
-    for 40-80 s in all (longer than a local server's restart), then the episode is marked errored."""
-
-    max_retries: int = 8  # retries after the first attempt, on 429, 5xx, timeouts and connection errors
-    backoff_initial: float = 1.0  # seconds before the first retry; doubles per retry up to backoff_max, x jitter [0.5, 1)
-    backoff_max: float = 16.0  # also caps a server's Retry-After
-    timeout: float = 60.0  # seconds per request
-    max_tokens: int = 512  # per completion
-
-
-@dataclass
-class UserConfig(ChatAPIBudget):
-    kind: Literal["scripted", "llm"] = "scripted"
-    model: str = "gpt-4.1-mini"
-    base_url: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
-    strategy: Literal["llm", "react", "verify", "reflection"] = "llm"
-    temperature: float = 0.0
-    patience: int = 8  # scripted user: replies before it stops on tau2 tasks
-
-
-@dataclass
-class EnvConfig:
-    domains: list[str] = field(default_factory=lambda: ["mini"])
-    weights: dict[str, float] = field(default_factory=dict)  # sampling weight per domain (default equal)
-    # sampling weight of training tasks by their description: "field" (truthy) or "field=value" -> weight (default 1)
-    task_weights: dict[str, float] = field(default_factory=dict)
-    tau2_data_dir: str | None = None
-    # banking_knowledge's knowledge-base access, one of tau2's offline variants: no_knowledge, full_kb,
-    # golden_retrieval, grep_only, bm25 (KB_search), bm25_grep (KB_search and grep)
-    retrieval_variant: str = "bm25"
-    tasks: dict[str, str] = field(default_factory=dict)  # domain -> a tau2 tasks.json replacing its tasks (ctu data import)
-    max_turns: int = 12
-    max_errors: int = 5
-    max_context_tokens: int = 4096
-
-
-@dataclass
-class FilterConfig:
-    max_assistant_tokens: int | None = None  # zero the reward if any single assistant message is longer
-    zero_reward_on_length_stop: bool = False
-    mask_length_stop: bool = False
-
-
-@dataclass
-class EvalConfig:
-    splits: list[str] = field(default_factory=lambda: ["test"])
-    samples_per_task: int = 1  # k: pass^k / pass@k for k = 1..samples_per_task
-    max_tasks: int | None = None  # per domain and split; None = all
-    temperature: float = 0.0
-    save_tokens: bool = False
-    concurrency: int = 32
-
-
-@dataclass
-class JudgeConfig(ChatAPIBudget):
-    enabled: bool = False
-    model: str = "gpt-4.1-mini"
-    base_url: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
-
-
-@dataclass
-class RunConfig:
-    dir: str = "runs/default"
-    seed: int = 0
-    overwrite: bool = False  # train: replace another run's checkpoints/metrics in run.dir (else refused)
-
-
-@dataclass
-class LoraConfig:
-    enabled: bool = True
-    rank: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                                "gate_proj", "up_proj", "down_proj"])
-
-
-@dataclass
-class TrainerConfig:
-    max_steps: int = 20
-    resume: str | None = None  # "latest" or a checkpoint directory
-    tasks_per_step: int = 8
-    samples_per_task: int = 4  # GRPO group size n
-    lr: float = 1e-5
-    warmup_steps: int = 0
-    schedule: Literal["constant", "cosine"] = "constant"
-    weight_decay: float = 0.05
-    grad_clip: float = 0.5  # max gradient norm; .inf: no clipping (the one float that may be inf; see UNLIMITED)
-    mini_batches: int = 1  # optimizer updates per rollout batch (per epoch)
-    ppo_epochs: int = 1
-    micro_batch_tokens: int = 4096  # token budget of one forward/backward pass
-    # fp32 logits one lm_head chunk of the trainer's passes may hold (MiB): the update's backward keeps about six
-    # such chunks at its peak (ctu plan's "logit chunk"); smaller chunks are the same numbers in more lm_head calls
-    logit_chunk_mib: int = 128
-    # count the episodes' common prefix (system prompt) once when packing micro-batches: more rows a forward, fewer
-    # prefix passes (SmolLM2 warm start: 16% faster) but more attention memory (+1.1 GiB at 1024 tokens)
-    pack_shared_prefix: bool = False
-    # reinforce_pp: batch baseline; rft: imitate the episodes that reached the full reward (no baseline, no negatives);
-    # remax: reward minus that of a greedy episode of the same task (played each step, never trained on)
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "rft", "remax"] = "grpo"
-    baseline_by: str | None = None  # reinforce_pp: the baseline per class of tasks with equal description[field]
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
-    kl_coef: float = 0.0
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    kl_in_reward: bool = False
-    tis_cap: float | None = None  # truncated importance weights for sampler/trainer mismatch
-    dynamic_sampling: bool = False
-    dynamic_sampling_max_draws: int = 4  # extra rollout rounds to fill tasks_per_step informative groups
-    # asynchronous RL (docs/async.md): 0 is the synchronous loop; k > 0 keeps sampling the next steps' groups in a
-    # background worker while the trainer updates, and a step trains only on groups sampled at most k versions ago
-    max_staleness: int = 0
-    entropy_coef: float = 0.0
-    gradient_checkpointing: bool = False
-    # the trainer's passes (warm start, RL update) autocast to bf16 over the fp32 weights; the in-process engine
-    # keeps decoding in model.dtype. auto: bf16 where the device computes it natively (CUDA, CPUs with AVX512-BF16
-    # or AMX), fp32 elsewhere (emulated bf16 matmuls on an AVX2 CPU run ~60x slower); printed once at start
-    autocast: Literal["auto", "off", "bfloat16"] = "auto"
-    sft_steps: int = 0  # supervised warm start on gold demonstrations (train split) before RL
-    sft_lr: float = 1e-4
-    sft_batch_size: int = 8
-    sft_data: str | None = None  # warm start on this OpenAI chat JSONL / sharegpt file instead of gold demos
-    # gold demos of the train tasks whose description matches none of these keys (``field`` or ``field=value``,
-    # as in env.task_weights); e.g. [refusal]: no demonstration of refusing
-    sft_exclude: list[str] = field(default_factory=list)
-    # warm-start batches in equal shares across the demos matching each key (first match wins) and the rest; e.g.
-    # [kind=status]: half report-only demonstrations, half writes, whatever the data's mix ([]: uniform draws)
-    sft_balance: list[str] = field(default_factory=list)
-    # every RL update also trains on this many warm-start demonstrations (drawn anew each step) as successful
-    # episodes of advantage sft_replay_advantage: PPO-ptx's supervised term, against forgetting the gold turns
-    sft_replay: int = 0
-    sft_replay_advantage: float = 1.0
-    ckpt_interval: int = 5
-    keep_checkpoints: int = 2
-    eval_interval: int = 0  # 0: only before (if eval_before_train) and after training
-    eval_before_train: bool = True
-    eval_max_tasks: int | None = 20
-    examples_interval: int = 5
-    examples_count: int = 3
-    export: bool = True
-
-
-@dataclass
-class WandbConfig:
-    enabled: bool = False
-    project: str = "ctu"
-    mode: Literal["offline", "online", "disabled"] = "offline"
-
-
-@dataclass
-class ShapingConfig(ChatAPIBudget):
-    """Judge shaping ("taxonomy feedback"): a bounded bonus/penalty from an LLM judge, in training only."""
-
-    enabled: bool = False
-    model: str = "gpt-4.1-mini"
-    base_url: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
-    max_bonus: float = 0.2
-
-
-@dataclass
-class DistributedConfig:
-    """Where rollouts and updates run. 0 workers of a kind: in this process (the default, no Ray needed)."""
-
-    rollout_workers: int = 0  # >0: that many Ray actors, each with its own engine, domains and user simulator
-    trainer_workers: int = 0  # >0: that many FSDP2 trainer ranks as Ray actors (ctu/distributed/ray_trainer.py)
-    placement: str = "colocated"  # colocated: rollout worker k shares trainer rank k % N's bundle (GPU); split
-    address: str | None = None  # join a running Ray cluster ("auto"); None starts a local one
-    worker_cpus: float = 1.0  # CPUs each rollout actor reserves
-    trainer_cpus: float = 1.0  # CPUs each trainer rank reserves
-    cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy: sharded params, grads and optimizer state in CPU memory
-    placement_timeout_s: float = 600.0  # how long to wait for the cluster to have room for the placement group
-    start_timeout_s: float = 600.0  # how long actors may take to start (model loaded, process group formed)
-
-
-@dataclass
-class AgentConfig:
-    """Bring your own agent (docs/agents.md): a program of yours plays each episode through ctu's OpenAI-compatible
-    proxy instead of ctu's own loop."""
-
-    command: str | None = None  # run once per episode, e.g. "python examples/byo_agent/agent.py"; null: ctu's loop
-    concurrency: int = 8  # agent processes at once
-    timeout_s: float = 600.0  # per episode: an agent still running then is stopped and its episode errored
-
-
-@dataclass
-class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    user: UserConfig = field(default_factory=UserConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    filters: FilterConfig = field(default_factory=FilterConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
-    run: RunConfig = field(default_factory=RunConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
-    shaping: ShapingConfig = field(default_factory=ShapingConfig)
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    agent: AgentConfig = field(default_factory=AgentConfig)
-
-    def problems(self) -> list[str]:
-        """Every value problem, one line each naming its key (the checks live in ``ctu.config.checks``)."""
-        return config_problems(self)
+# the config's classes and what derives from them are imported from here
+__all__ = [
+    "AgentConfig",
+    "ChatAPIBudget",
+    "Config",
+    "ConfigError",
+    "DistributedConfig",
+    "EngineConfig",
+    "EnvConfig",
+    "EvalConfig",
+    "FilterConfig",
+    "JudgeConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "RunConfig",
+    "SamplingConfig",
+    "ShapingConfig",
+    "TrainerConfig",
+    "UserConfig",
+    "WandbConfig",
+    "engines_sleep",
+    "load_config",
+    "parse_override",
+    "save_config",
+    "to_dict",
+    "training_problems",
+    "validate",
+    "weight_sync_mode",
+]
 
 
 # ------------------------------------------------------------------------------------
@@ -324,7 +116,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _, val_tp = get_args(tp)
         return {str(k): _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key)
+        return _build(typing.cast(type, tp), value, key)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-5 as a string
@@ -352,7 +144,7 @@ def _build(cls: type, data: Any, prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), cls: type = Config):
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), cls: type = Config) -> Config:
     """Read YAML (optional), apply overrides, type-check, validate."""
     tree: dict[str, Any] = {}
     if path is not None:
@@ -366,21 +158,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         key, value = parse_override(text)
         set_dotted(tree, key, value)
     remember_in(tree)  # first: the credentials in its URLs never show, even in its errors
-    config = _build(cls, tree)
+    config: Config = _build(cls, tree)
     validate(config)
     return config
 
 
 def validate(config: Any) -> None:
-    """Cross-field checks (the config's ``problems()``); the first problem is raised, naming its key."""
-    for problem in config.problems():
+    """Cross-field checks (``ctu.config.checks.config_problems``); the first problem is raised, naming its key."""
+    for problem in config_problems(config):
         raise ConfigError(problem)
 
 
 def to_dict(config: Any) -> dict[str, Any]:
     """The config as plain data with secrets removed (``ctu.config.redact.redact_data``: names of env vars are kept, values
     never; URLs lose their userinfo and secret query values)."""
-    return redact_data(dataclasses.asdict(config))
+    return typing.cast(dict[str, Any], redact_data(dataclasses.asdict(config)))
 
 
 def save_config(config: Any, path: str | Path) -> None:

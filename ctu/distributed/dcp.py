@@ -90,7 +90,7 @@ def load_sharded(path: str | Path, *, policy, optimizer, scheduler) -> tuple[int
     model_state, optim_state = get_state_dict(policy.model, optimizer, options=_OPTIONS)
     state = {"model": model_state, "optimizer": optim_state}
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(policy.model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+    set_state_dict(policy.model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],  # type: ignore[arg-type]
                    options=_LOAD_OPTIONS)
     saved = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     scheduler.load_state_dict(saved["scheduler"])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -62,7 +63,7 @@ def _mesh(mesh_or_group, device_type: str) -> DeviceMesh:
     return DeviceMesh.from_group(mesh_or_group, device_type)
 
 
-def _body_head_layers(model: nn.Module) -> tuple[nn.Module, nn.Module, list[nn.Module]]:
+def _body_head_layers(model: Any) -> tuple[nn.Module, nn.Module, list[nn.Module]]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     body, head = base.get_decoder(), base.get_output_embeddings()
     layers = getattr(body, "layers", None)
@@ -71,7 +72,7 @@ def _body_head_layers(model: nn.Module) -> tuple[nn.Module, nn.Module, list[nn.M
     return body, head, list(layers)
 
 
-def _shard(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy, offload: OffloadPolicy) -> None:
+def _shard(model: Any, mesh: DeviceMesh, mp: MixedPrecisionPolicy, offload: OffloadPolicy) -> None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     body, head, layers = _body_head_layers(model)
     for layer in layers:

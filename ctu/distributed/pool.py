@@ -180,8 +180,8 @@ class LocalPool(RolloutPool):
     def update_adapter(self, named_tensors: NamedTensors, version: int) -> None:
         update = getattr(self.engine, "update_adapter", None)
         if update is None:
-            super().update_adapter(named_tensors, version)
-        update(named_tensors, version)
+            super().update_adapter(named_tensors, version)  # raises: this engine takes merged weights only
+        update(named_tensors, version)  # type: ignore[misc]
         self.version = version
 
     def parity(self, score_fn: ScoreFn, *, temperature: float = 1.0, tokens: int = 16, seed: int = 0,

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ctu.distributed.pool import (
     PROBE_PROMPT,
@@ -68,7 +69,7 @@ class RolloutWorker:
         self.user = build.build_user(config)
         self.domains = build.build_domains(config)
         self.limits = limits_of(config)
-        self._judge = None
+        self._judge: Any = None
         self.version = -1
         self._loading = threading.Lock()  # catch-up (rollout thread) and pushed loads (sync thread): one at a time
 
@@ -183,7 +184,7 @@ class RayPool(RolloutPool):
             remote = ray.remote(concurrency_groups={SYNC: 1})(RolloutWorker)
             faults = fault_files or {}
             for k in range(num_workers):  # placement: the trainer group's placement group (placement_bundles)
-                options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts,
+                options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts,
                            "max_task_retries": 0}
                 if placement is not None:
                     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -278,7 +279,7 @@ class RayPool(RolloutPool):
         if isinstance(named_tensors, PackedRef):
             ref = named_tensors.ref
         else:
-            ref = ray.put(pack(named_tensors, wire_dtype(self.config)))
+            ref = ray.put(pack(named_tensors, wire_dtype(self.config)))  # type: ignore[arg-type]
         self.latest = (ref, version)
         self._broadcast("load_weights", ref, version, tolerate_deaths=True)
 
@@ -311,7 +312,7 @@ class RayPool(RolloutPool):
             if k not in samples:
                 out.append(float("nan"))
                 continue
-            engine = ResultsEngine(lambda _prompts, _params, got=samples[k]: got)
+            engine = ResultsEngine(lambda _prompts, _params, got=samples[k]: got)  # type: ignore[misc]
             out.append(probe_parity(engine, score_fn, prompt_ids, temperature=temperature, tokens=tokens, seed=seed))
         return out
 

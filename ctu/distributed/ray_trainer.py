@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -123,7 +124,7 @@ class TrainerRank:
         from ctu.train.update import sft_update
 
         if first:
-            self.sft_optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=lr, weight_decay=0.0)
+            self.sft_optimizer: torch.optim.AdamW | None = torch.optim.AdamW(self.policy.trainable_parameters(), lr=lr, weight_decay=0.0)
         loss = sft_update(self.policy, self.sft_optimizer, samples, self.config.trainer.micro_batch_tokens,
                           reduce=self.reduce, share_prefix=self.config.trainer.pack_shared_prefix)
         release_memory()
@@ -238,7 +239,7 @@ class RayTrainerGroup(TrainerGroup):
             check_room(ray, *group_demand(d, 1.0 if local_room()["GPU"] >= 1 else 0.0))
         self.started_ray = start_ray(ray, d.address)
         self.ranks: list = []
-        self.pg = None
+        self.pg: Any = None
         try:
             self._start(ray, config, fault_files or {})
         except BaseException:

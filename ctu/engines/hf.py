@@ -142,7 +142,7 @@ class HFEngine(Engine):
                 raise ValueError(f"prompt {i} is empty: generation needs at least one token")
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-        generator = None
+        generator: torch.Generator | list[torch.Generator] | None = None
         if seeds is not None:  # one generator per row: seeds[i] + j for completion j of prompt i (as vLLM)
             generator = [torch.Generator(device=self.device).manual_seed(int(seeds[i]) + j)
                          for i in range(len(prompts)) for j in range(params.n)]
@@ -225,7 +225,7 @@ class HFEngine(Engine):
             for j, row in enumerate(live):
                 self._keep(batch, row, past, mask, j, fed, out_ids)
         version = self.weights_version  # read under the lock: update_weights cannot change it mid-batch
-        return [Completion(tuple(ids), tuple(lps), r or "length", version)
+        return [Completion(tuple(ids), tuple(lps), r or "length", version)  # type: ignore[arg-type]  # 'stop' or None
                 for ids, lps, r in zip(out_ids, out_lp, reason, strict=True)]
 
     def _prefix_kv(self, ids: tuple[int, ...]) -> kvr.Prefix | None:
@@ -303,7 +303,7 @@ class HFEngine(Engine):
         with self._lock, torch.no_grad():
             for name, tensor in incoming:
                 target = params.get(name, buffers.get(name))
-                target.copy_(torch.as_tensor(tensor).to(device=target.device, dtype=target.dtype))
+                target.copy_(torch.as_tensor(tensor).to(device=target.device, dtype=target.dtype))  # type: ignore[union-attr]  # names checked above
             if self.kv_store is not None:
                 self.kv_store.clear()
             self.weights_version = version

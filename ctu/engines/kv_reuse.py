@@ -158,10 +158,10 @@ def _full_kv(entry: Entry, length: int) -> KV:
     return [(torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)) for (pk, pv), (k, v) in zip(entry.prefix.kv, own, strict=True)]
 
 
-def plan(store: KVStore, prompts: Sequence[Sequence[int]], make_prefix) -> Batch:
+def plan(store: KVStore, prompt_ids: Sequence[Sequence[int]], make_prefix) -> Batch:
     """Decide, for each prompt, what comes from the cache. ``make_prefix(ids)`` computes a new shared prefix's KV
     (or returns None) when no stored prefix serves the batch and its prompts share at least ``MIN_SHARED`` ids."""
-    prompts = [tuple(p) for p in prompts]
+    prompts = [tuple(p) for p in prompt_ids]
     hits = [store.match(p) for p in prompts]
     candidates = []
     for p, (entry, use) in zip(prompts, hits, strict=True):

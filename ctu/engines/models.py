@@ -180,4 +180,4 @@ def load_model(name_or_path: str, dtype=None, device: str | None = None):
     if dtype is None:
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=dtype)
-    return model.to(device)
+    return model.to(device)  # type: ignore[arg-type]  # transformers' stubs type .to as a decorator

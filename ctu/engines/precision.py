@@ -10,6 +10,7 @@ compute dtype are never cast).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 import torch
 
@@ -37,7 +38,7 @@ def compute_context(model: torch.nn.Module, train: bool = False):
 _NATIVE_BF16_ISA_WORDS = ("BF16", "AMX", "FP16", "AVX10", "ALL", "DEFAULT")
 
 
-def cpu_bf16_support(env: dict[str, str] | None = None) -> tuple[bool, str]:
+def cpu_bf16_support(env: Mapping[str, str] | None = None) -> tuple[bool, str]:
     """Whether this CPU computes bf16 matmuls natively, and why, as torch's CPU build will run them.
 
     Native means AVX512-BF16 or AMX instructions (Zen 4, Sapphire Rapids and newer) that oneDNN may use; without

@@ -318,7 +318,7 @@ class ServedEngine(RemoteEngine):
                     if route_missing(response) else "")
             raise self.fail(f"reloading merged weights of version {version} from {path}", response, hint)
         self.reset_prefix_cache(running=True)
-        stamp = self.call("POST", "/update_weight_version", {"new_version": adapter_name(version)})
+        stamp = self.call("POST", "/update_weight_version", {"new_version": adapter_name(version)})  # type: ignore[arg-type]
         if stamp.status_code != 200:
             raise self.fail(f"stamping weight version {version}", stamp)
         info, data = self.call_read("GET", "/weight_info", read=json_object)

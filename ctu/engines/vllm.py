@@ -72,6 +72,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from ctu.config.checks import VLLM_LORA_RANKS
 from ctu.engines.base import Completion, Engine, SamplingParams
@@ -130,14 +131,14 @@ def hf_named_stream(named_tensors: Iterable[tuple[str, object]], bad: list[str])
         yield name, tensor
 
 
-def write_safetensors_shards(named_tensors: Iterable[tuple[str, object]], directory: str,
+def write_safetensors_shards(named_tensors: Iterable[tuple[str, Any]], directory: str,
                              shard_bytes: int = SHARD_BYTES) -> list[str]:
     """Write ``(name, tensor)`` pairs as ``model-NNNNN.safetensors`` files of about ``shard_bytes`` each, holding
     at most one shard in memory; returns the file names."""
     from safetensors.torch import save_file
 
     files: list[str] = []
-    shard: dict[str, object] = {}
+    shard: dict[str, Any] = {}
     size = 0
 
     def flush():
@@ -159,7 +160,7 @@ def write_safetensors_shards(named_tensors: Iterable[tuple[str, object]], direct
     return files
 
 
-def write_peft_adapter(adapter: Mapping[str, object] | Iterable[tuple[str, object]], path: str,
+def write_peft_adapter(adapter: Mapping[str, Any] | Iterable[tuple[str, Any]], path: str,
                        peft_config: Mapping[str, object] | None = None, lora_alpha: float | None = None) -> str:
     """Write PEFT-named LoRA tensors as a PEFT adapter directory (``adapter_model.safetensors`` and
     ``adapter_config.json``) at ``path``; without ``peft_config``, ``r`` and ``target_modules`` are read from the
@@ -323,7 +324,7 @@ class VLLMEngine(Engine):
             raise ValueError(f"adapter version {version} was already loaded: vLLM caches adapters by id and would "
                              "serve the old one; give every update a new version")
         written = not isinstance(adapter, (str, os.PathLike))
-        path = self._write_adapter(adapter, version, peft_config) if written else os.fspath(adapter)
+        path = self._write_adapter(adapter, version, peft_config) if written else os.fspath(adapter)  # type: ignore[arg-type]
         self.wake_up(["weights"])
         self.wake_up(["kv_cache"])
         with self._lock:
@@ -349,7 +350,7 @@ class VLLMEngine(Engine):
         return bool(self.asleep)
 
     @property
-    def weights_version(self) -> int | None:
+    def weights_version(self) -> int | None:  # type: ignore[override]  # read-only: it follows the loads
         """The policy version of the weights this engine serves: the adapter's (``LoRARequest`` id - 1) once an
         adapter is served, else the last completed merged load's; None before any sync and while the weights
         are discarded (level-2 sleep)."""

@@ -121,7 +121,7 @@ def _tokens_repaired(text: str) -> tuple[str, bool]:
             else:
                 out.append(punct)
         elif word is not None:
-            k = _WS.match(text, m.end()).end()
+            k = _WS.match(text, m.end()).end()  # type: ignore[union-attr]  # matches the empty string
             if stack and stack[-1] == "}" and text.startswith(":", k):
                 out.append(json.dumps(word))
                 changed = True
@@ -300,7 +300,7 @@ def _hermes(text: str, work: _Work) -> ParseResult | None:
             return ParseResult(_HERMES.sub("", text).strip(), (), "hermes", bool(fixed), True,
                                f"unparseable <tool_call> block: {block.group(1).strip()[:80]!r}")
         calls.extend(found)
-        repaired |= fixed[1] or not block.group(0).endswith("</tool_call>")
+        repaired |= fixed[1] or not block.group(0).endswith("</tool_call>")  # type: ignore[index]  # found: fixed
     return ParseResult(_HERMES.sub("", text).strip(), tuple(calls), "hermes", repaired)
 
 
@@ -321,7 +321,7 @@ def _fenced(text: str, work: _Work) -> ParseResult | None:
         found = _calls_from(fixed[0]) if fixed else None
         if found:
             return ParseResult(_without(text, block), tuple(found), "fenced_json",
-                               fixed[1] or not block.group(0).endswith("```"))
+                               fixed[1] or not block.group(0).endswith("```"))  # type: ignore[index]  # found: fixed
         call = _python_call(body) if _PY_CALL.match(body) else None
         if call is not None:
             return ParseResult(_without(text, block), (call,), "fenced_python", not block.group(0).endswith("```"))

@@ -130,7 +130,7 @@ def parse_line(text: str) -> Transcript:
         raise TranscriptError(f"expected a JSON object, got {type(obj).__name__}")
     if "task_id" not in obj or not isinstance(obj["task_id"], (str, int)):
         raise TranscriptError("field 'task_id' is missing or not a string")
-    messages = obj.get("messages")
+    messages: Any = obj.get("messages")
     check_messages(messages)
     check_tool_results(messages)
     domain = obj.get("domain")

@@ -8,7 +8,7 @@ episode's generated tokens.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
@@ -118,7 +118,8 @@ def informative_groups(rewards: Sequence[float], group_ids: Sequence[Hashable], 
     return sorted(keep)
 
 
-ESTIMATORS = {
+Estimator = Callable[[Sequence[float], Sequence[Hashable]], torch.Tensor]
+ESTIMATORS: dict[str, Estimator] = {
     "grpo": lambda r, g: grpo_advantages(r, g, normalize_std=True),
     "dr_grpo": lambda r, g: grpo_advantages(r, g, normalize_std=False),
     "rloo": rloo_advantages,
@@ -156,7 +157,7 @@ def scored_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[H
             raise ValueError(f"{name}: needs one greedy baseline per episode, got "
                              f"{'none' if baselines is None else len(baselines)} for {len(rewards)} episodes")
         usable = [i for i in scored if baselines[i] is not None]
-        adv = greedy_baseline_advantages([rewards[i] for i in usable], [baselines[i] for i in usable])
+        adv = greedy_baseline_advantages([rewards[i] for i in usable], [b for i in usable if (b := baselines[i]) is not None])
         return {i: a for i, a in zip(usable, adv.tolist(), strict=True) if a != 0.0}
     sizes: dict[Hashable, int] = defaultdict(int)
     for i in scored:

@@ -90,7 +90,7 @@ def _tool_aware(template: Any) -> str | None:
 class ChatFormat:
     """Renders conversations with one template and turns them into token ids."""
 
-    def __init__(self, tokenizer, template: str | None = None, enable_thinking: bool = False):
+    def __init__(self, tokenizer: Any, template: str | None = None, enable_thinking: bool = False) -> None:
         self.tokenizer = tokenizer
         self.enable_thinking = bool(enable_thinking)
         self.template, self.template_name = self._choose_template(tokenizer, template)
@@ -110,7 +110,7 @@ class ChatFormat:
         self._check_observations()
 
     @staticmethod
-    def _choose_template(tokenizer, template: str | None) -> tuple[str, str]:
+    def _choose_template(tokenizer: Any, template: str | None) -> tuple[str, str]:
         if template in BUILTIN_TEMPLATES:
             return BUILTIN_TEMPLATES[template].read_text(), f"ctu {template} template"
         if template is not None:
@@ -132,7 +132,7 @@ class ChatFormat:
             raise ValueError(f"{self.template_name}: cannot render an empty conversation (no messages yet; "
                              "was the episode reset?)")
         try:
-            return self.tokenizer.apply_chat_template(
+            return self.tokenizer.apply_chat_template(  # type: ignore[no-any-return]
                 [normalize_message(m) for m in messages], tools=list(tools) if tools else None, tokenize=False,
                 add_generation_prompt=add_generation_prompt, chat_template=self.template,
                 enable_thinking=self.enable_thinking)
@@ -221,7 +221,7 @@ class ChatFormat:
         ids = list(ids)
         while ids and ids[-1] in self.stop_token_ids:
             ids.pop()
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
 
 
 def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ctu.config.schema import Config, engines_sleep, weight_sync_mode
 from ctu.domains import get_domain
 from ctu.domains.base import Domain
-from ctu.engines.base import SamplingParams
+from ctu.engines.base import Engine, SamplingParams
 from ctu.episode.users.base import UserSimulator
+
+if TYPE_CHECKING:
+    from ctu.episode.judge import LLMJudge
+    from ctu.episode.llm_api import ChatAPIConfig
+    from ctu.rollout.chat import ChatFormat
 
 
 def build_domains(config: Config) -> list[Domain]:
@@ -35,7 +42,7 @@ def build_domains(config: Config) -> list[Domain]:
     return out
 
 
-def build_chat(config: Config, tokenizer=None):
+def build_chat(config: Config, tokenizer: Any = None) -> ChatFormat:
     from ctu.engines.models import load_tokenizer
     from ctu.rollout.chat import ChatFormat
 
@@ -43,7 +50,7 @@ def build_chat(config: Config, tokenizer=None):
     return ChatFormat(tokenizer, template=config.model.template, enable_thinking=config.model.enable_thinking)
 
 
-def build_engine(config: Config, model=None, tokenizer=None):
+def build_engine(config: Config, model: Any = None, tokenizer: Any = None) -> Engine:
     """The configured engine; ``model`` lets the trainer share its in-process policy with the hf engine."""
     from ctu.engines.registry import make_engine
 
@@ -85,7 +92,7 @@ def build_user(config: Config) -> UserSimulator:
                                  backoff_initial=u.backoff_initial, backoff_max=u.backoff_max, timeout=u.timeout))
 
 
-def build_judge(config: Config):
+def build_judge(config: Config) -> LLMJudge | None:
     """The NL-assertion judge for evaluation, or None (NL_ASSERTION is then reported as skipped)."""
     if not config.judge.enabled:
         return None
@@ -94,7 +101,7 @@ def build_judge(config: Config):
     return LLMJudge(chat_api(config.judge), max_tokens=config.judge.max_tokens)
 
 
-def chat_api(section):
+def chat_api(section: Any) -> ChatAPIConfig:
     """A ChatAPIConfig from a config section with model, base_url, api_key_env and the retry budget."""
     from ctu.episode.llm_api import ChatAPIConfig
 

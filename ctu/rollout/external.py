@@ -157,7 +157,7 @@ class ExternalEpisodes:
         return {"episode_id": episode_id, "reward": state.agent_reward}
 
     # -- chat completions ----------------------------------------------------------------
-    def _prompt(self, state: ExternalEpisode, messages: list[dict], tools: list[dict]) -> list[int]:
+    def _prompt(self, state: ExternalEpisode, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
         if state.history is not None and state.last_finish != "length" and tools == state.tools_sent:
             tail = wire.continuation(state.history, messages)
             if tail is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -144,16 +144,16 @@ class GenerationBatcher:
         self.engine = engine
         self.max_batch_size = max_batch_size
         self.seed = seed  # each engine call gets seed + call index: reproducible, yet samples differ
-        self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
+        self._pending: list[tuple[list[int], SamplingParams, asyncio.Future[Completion]]] = []
         self._wakeup: asyncio.Event | None = None
-        self._worker: asyncio.Task | None = None
+        self._worker: asyncio.Task[None] | None = None
         self.model_seconds = 0.0
         self.calls = 0
 
     async def generate(self, prompt: list[int], params: SamplingParams) -> Completion:
         """One completion; a ``params.seed`` seeds this request alone (batched with others, as vLLM does)."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
+        future: asyncio.Future[Completion] = loop.create_future()
         self._pending.append((prompt, params, future))
         if self._wakeup is None:
             self._wakeup = asyncio.Event()
@@ -175,7 +175,7 @@ class GenerationBatcher:
             self._pending = self._pending[self.max_batch_size:]
             if self._pending:
                 self._wakeup.set()
-            groups: dict[SamplingParams, list[tuple[list[int], int | None, asyncio.Future]]] = {}
+            groups: dict[SamplingParams, list[tuple[list[int], int | None, asyncio.Future[Completion]]]] = {}
             for prompt, params, future in batch:
                 groups.setdefault(replace(params, seed=None), []).append((prompt, params.seed, future))
             for params, entries in groups.items():
@@ -186,7 +186,7 @@ class GenerationBatcher:
                 call_params = replace(params, seed=None if self.seed is None else self.seed + self.calls)
                 try:
                     outputs = await self.engine.generate([p for p, _ in items], call_params,
-                                                         seeds=seeds if per_request else None)
+                                                         seeds=[s for s in seeds if s is not None] if per_request else None)
                 except Exception as exc:  # the engine failed: every waiting episode learns why
                     for _, future in items:
                         if not future.done():
@@ -309,8 +309,8 @@ async def rollout(
     concurrency: int = 64,
     max_batch_size: int = 64,
     seed: int = 0,
-    on_done=None,
-    stats: dict | None = None,
+    on_done: Callable[[Trajectory], None] | None = None,
+    stats: dict[str, Any] | None = None,
 ) -> list[Trajectory]:
     """Run many episodes with bounded concurrency; results in the order of ``specs``.
 

@@ -70,7 +70,7 @@ def _comparable(message: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def continuation(history: Sequence[Mapping[str, Any]], messages: Sequence[Mapping[str, Any]]) -> list[dict] | None:
+def continuation(history: Sequence[Mapping[str, Any]], messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
     """The new tail of ``messages`` if they start with ``history`` (the last request's messages and the reply the
     proxy gave) and add only tool results and user turns; else None (the agent rewrote its history)."""
     if len(messages) <= len(history):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ctu.rollout.chat import TokenSequence
 
@@ -44,7 +45,7 @@ class TokenSample:
     assistant_spans: list[tuple[int, int]] = field(default_factory=list)
     turns: int = 0  # requests stitched into it
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"prompt_ids": self.prompt_ids, "response_ids": self.response_ids, "loss_mask": self.loss_mask,
                 "logprobs": self.logprobs, "token_versions": self.token_versions, "turns": self.turns}
 
@@ -82,7 +83,7 @@ def stitch(records: Sequence[TurnRecord]) -> list[TokenSample]:
     return samples
 
 
-def trajectory_samples(trajectory) -> list[tuple[list[int], list[int], list[int], list[float]]]:
+def trajectory_samples(trajectory: Any) -> list[tuple[list[int], list[int], list[int], list[float]]]:
     """``(prompt_ids, response_ids, loss_mask, logprobs)`` of every sample of a trajectory: its earlier samples
     (``extra_samples``, an agent that rewrote its history) first, then its own tokens. Trained with one advantage."""
     extra = getattr(trajectory, "extra_samples", None) or []

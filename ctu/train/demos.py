@@ -33,7 +33,7 @@ class Demos(list):
 
 
 def conversation_sample(chat, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> Sample:
-    messages = agent_view(list(messages))  # the agent never sees the user's own tool calls (dual control)
+    messages = agent_view(list(messages))  # type: ignore[arg-type]  # the agent never sees the user's own tool calls (dual control)
     trained = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and m.get("weight", 1) != 0]
     if not trained:
         raise ValueError("no assistant turn to train on")

@@ -12,6 +12,8 @@ see :func:`compute_context`), so callers need not wrap them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -23,7 +25,7 @@ LOGIT_BUDGET = 1 << 25  # fp32 logit elements per chunk (128 MiB), unless ``chun
 LOGIT_BUDGET_ATTR = "ctu_logit_budget"
 
 
-def body_and_head(model: torch.nn.Module):
+def body_and_head(model: Any):
     """(decoder body, lm_head) of a Hugging Face causal LM or a PEFT model around one; (None, None) if the
     model is not of that standard shape (then the full model computes the logits)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -95,5 +97,5 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
                 entropy_parts.append(ent if entropy_grad else ent.detach())
     out = out.index_copy(1, positions, torch.cat(chosen_parts, dim=1).to(out.dtype))
     if with_entropy:
-        entropy_out = entropy_out.index_copy(1, positions, torch.cat(entropy_parts, dim=1).to(out.dtype))
+        entropy_out = entropy_out.index_copy(1, positions, torch.cat(entropy_parts, dim=1).to(out.dtype))  # type: ignore[union-attr]
     return out, entropy_out

@@ -18,6 +18,7 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -73,10 +74,10 @@ def assert_precision_policy(model: torch.nn.Module, compute_dtype: torch.dtype,
 
 @dataclass
 class Policy:
-    model: torch.nn.Module
+    model: Any  # a transformers model, or a PEFT model around one
     tokenizer: object
     lora: bool
-    reference: torch.nn.Module | None = None  # full fine-tuning only
+    reference: Any = None  # full fine-tuning only: a frozen copy of the model
     compute_dtype: torch.dtype = torch.float32
     _rebased: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # LoRA: the base weights a rebase
     # changed, as the model's own frozen tensors (no copy: LoRA never writes a base weight after the rebase)

@@ -240,9 +240,9 @@ def policy_update(policy: Policy, optimizer, scheduler, samples: Sequence[Sample
         for row, i in enumerate(idx):
             n = len(samples[i].mask)
             if old is not None:
-                old[i] = torch.zeros(n) if filler else lp[row, :n].cpu()
+                old[i] = torch.zeros(n) if filler else lp[row, :n].cpu()  # type: ignore[index]
             if ref is not None:
-                ref[i] = torch.zeros(n) if filler else rlp[row, :n].cpu()
+                ref[i] = torch.zeros(n) if filler else rlp[row, :n].cpu()  # type: ignore[index]
         if lp is not None and not (dummy or filler):
             mismatch_sum += float(((lp - b["sampler"]).abs() * b["measured"]).sum())
     if scores:

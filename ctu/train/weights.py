@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,14 +33,14 @@ def hf_name(peft_name: str) -> str | None:
     return name
 
 
-def lora_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+def lora_modules(model: torch.nn.Module) -> Iterator[tuple[str, Any]]:
     """(module name, module) of every LoRA layer with an active adapter."""
     for name, module in model.named_modules():
         if hasattr(module, "lora_A") and hasattr(module, "get_delta_weight") and module.active_adapters:
             yield name, module
 
 
-def module_delta(module: torch.nn.Module) -> torch.Tensor | None:
+def module_delta(module: Any) -> torch.Tensor | None:
     """fp32 delta weight of one LoRA layer, summed over its active adapters (None: no active adapter)."""
     delta = None
     for adapter in module.active_adapters:

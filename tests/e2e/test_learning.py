@@ -1,6 +1,6 @@
 """The trainer learns: GRPO takes a tiny model on a trivial task from <= 0.2 to >= 0.9 held-out success.
 
-The task (tests/word_domain.py): name the fruit of the day, "pear". The starting model is tiny-random
+The task (tests/support/word_domain.py): name the fruit of the day, "pear". The starting model is tiny-random
 taught (here, by plain supervised steps outside the trainer) to answer with one of eight fruits, pear
 rarely (weight 1 of 15), so it answers well-formed but mostly wrong. Only GRPO, through the whole loop
 (rollouts -> rewards -> group advantages -> PPO-clip updates -> the engine sees the new weights), can
@@ -21,10 +21,10 @@ from ctu.episode.users.scripted import ScriptedUser
 from ctu.rollout.components import build_chat
 from ctu.train.policy import build_policy
 from ctu.train.update import sft_update, to_sample
-from tests.word_domain import ANSWER, FRUITS
+from tests.support.word_domain import ANSWER, FRUITS
 
 pytestmark = pytest.mark.slow
-DOMAIN = "tests.word_domain:load"
+DOMAIN = "tests.support.word_domain:load"
 
 
 def fruit_guesser(out_dir, steps: int = 150):

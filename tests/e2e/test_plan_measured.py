@@ -52,7 +52,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    from tests.models import save_random_model
+    from tests.support.models import save_random_model
 
     return save_random_model(tmp_path_factory.mktemp("plan-qwen2"), "qwen2", layers=4, hidden=256,
                              intermediate=512, vocab_size=151936)

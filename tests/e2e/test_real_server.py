@@ -1,5 +1,5 @@
 """The LLM user, the judge and judge shaping against a real OpenAI-compatible server (``transformers serve``
-on 127.0.0.1, see tests/real_server.py): every strategy, several training steps, a server killed mid-eval and
+on 127.0.0.1, see tests/support/real_server.py): every strategy, several training steps, a server killed mid-eval and
 restarted, a server that never comes back.
 
 One server is started for the module (~15 s on 2 busy cores) and restarted once; the tests run in file order
@@ -26,8 +26,8 @@ from ctu.episode.llm_api import ChatAPIConfig, ChatClient, LLMCallError
 from ctu.episode.users.llm import LLMUser, LLMUserConfig
 from ctu.observe.tracking import read_metrics
 from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout
-from tests.real_server import TransformersServer, protocol_model, serving_available
-from tests.toy_domain import make_toy_domain
+from tests.support.real_server import TransformersServer, protocol_model, serving_available
+from tests.support.toy_domain import make_toy_domain
 
 pytestmark = [pytest.mark.server,
               pytest.mark.skipif(not serving_available(), reason="needs transformers[serving] (FastAPI, uvicorn)")]

@@ -6,7 +6,7 @@ with a gradient clip that binds, FSDP's clip (a norm over the shards) scales the
 import pytest
 import torch
 
-from tests.fsdp_helpers import perturb_lora_b, single_process_group
+from tests.support.fsdp_helpers import perturb_lora_b, single_process_group
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -21,7 +21,7 @@ def nccl():
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    from tests.models import save_random_model
+    from tests.support.models import save_random_model
 
     return save_random_model(tmp_path_factory.mktemp("qwen2-fsdp"), arch="qwen2", layers=2, hidden=128)
 

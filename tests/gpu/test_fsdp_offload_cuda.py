@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from tests.fsdp_helpers import perturb_lora_b, single_process_group
+from tests.support.fsdp_helpers import perturb_lora_b, single_process_group
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -30,7 +30,7 @@ def offload_group():
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    from tests.models import save_random_model
+    from tests.support.models import save_random_model
 
     return save_random_model(tmp_path_factory.mktemp("qwen2-offload"), arch="qwen2", layers=2, hidden=128)
 

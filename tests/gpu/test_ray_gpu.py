@@ -18,7 +18,7 @@ def test_ray_one_gpu_colocated_two_steps(tmp_path):
     from ctu.app.trainer import Trainer
     from ctu.observe.tracking import read_metrics
     from tests.e2e.test_train import config
-    from tests.models import save_random_model
+    from tests.support.models import save_random_model
 
     model = save_random_model(tmp_path / "model", arch="qwen2", layers=2, hidden=256, vocab_size=151_936,
                               initializer_range=0.3)

@@ -20,7 +20,7 @@ PROMPT = [(7 * i + 3) % 97 + 1 for i in range(40)]  # two full 16-token prefix-c
 
 
 def save_sharp_model(path, seed=0):
-    from tests.models import save_random_model
+    from tests.support.models import save_random_model
 
     return save_random_model(path, arch="qwen2", layers=2, hidden=128, seed=seed, initializer_range=0.3,
                              max_position_embeddings=4096)

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from ctu.rollout.chat import HERMES_TEMPLATE, ChatFormat  # noqa: E402
 from ctu.train.demos import conversation_sample  # noqa: E402
-from tests.models import save_random_model  # noqa: E402
+from tests.support.models import save_random_model  # noqa: E402
 
 
 def export(domain: str, out) -> None:

@@ -1,6 +1,8 @@
-"""README.md and docs/*.md hold together: every relative link resolves (the file, and the heading an ``#anchor``
-names, by GitHub's anchor rules), every ``ctu …`` command they show parses with ctu's own argument parser and its
-config validates (no model is loaded), and ``.ci/run`` runs README's install steps and test command as written."""
+"""README.md, CHANGELOG.md and docs/*.md hold together: every relative link resolves (the file, and the heading an
+``#anchor`` names, by GitHub's anchor rules), every ``ctu …`` command they show parses with ctu's own argument parser
+and its config validates (no model is loaded), and ``.ci/run`` runs README's install steps and test command as
+written. They read as answers to a user: README within 150 lines, every other page within 300, no paragraph over 8
+lines, and no words of the development process (issue numbers, the sessions that measured a figure)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^\s*(```|~~~)(\S*)")
 LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
@@ -197,3 +199,79 @@ def test_ci_runs_readmes_install_steps_and_its_test_command_as_written():
     ci_install = next(ln for ln in ci if "pip install -q torch" in ln).split(" || ")[0]
     assert [s.replace(" -q", "") for s in ci_install.split(" && ")] == steps
     assert install.endswith("&& ctu train configs/quickstart.yaml")
+
+
+# -- how the pages read: short, and in the words of a user, not of the work that produced them -----------------
+README_MAX_LINES = 150
+PAGE_MAX_LINES = 300
+PARAGRAPH_MAX_LINES = 8  # lines of 120 characters: a long line counts as the lines it would wrap to
+WRAP = 120
+# words of the development process: issue numbers, the sessions that measured a figure, a device lent to one
+PROCESS_WORDS = re.compile(
+    r"\bissues? #?\d+|\bthe issue's\b|\b(?:this|that|a later|an earlier|earlier|later|previous|next|same|two|one) sessions?\b"
+    r"|\bsession's (?:end|time|device|GPU|machine|H100|H200)\b|\bthis stop\b|\blent to\b|\bthis task's device\b",
+    re.IGNORECASE)
+
+
+def paragraphs(text: str) -> list[list[str]]:
+    """Runs of consecutive prose lines: blank lines, headings, tables, list items (and their indented
+    continuations), quotes and code blocks end a run and are not part of one."""
+    out: list[list[str]] = []
+    run: list[str] = []
+    in_code = False
+    for line in text.splitlines():
+        fence = FENCE.match(line)
+        stripped = line.strip()
+        ends = (fence or in_code or not stripped or line.startswith((" ", "\t")) or stripped.startswith(("#", "|", ">"))
+                or re.match(r"^([-*+]|\d+[.)])\s", stripped))
+        if fence:
+            in_code = not in_code
+        if ends:
+            if run:
+                out.append(run)
+            run = []
+        else:
+            run.append(line)
+    if run:
+        out.append(run)
+    return out
+
+
+def wrapped_lines(paragraph: list[str]) -> int:
+    return sum(max(1, -(-len(line) // WRAP)) for line in paragraph)
+
+
+def test_readme_and_every_docs_page_are_short():
+    readme = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert readme <= README_MAX_LINES, f"README.md has {readme} lines (at most {README_MAX_LINES})"
+    long = {p.relative_to(ROOT).as_posix(): n for p in PAGES
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > PAGE_MAX_LINES}
+    assert not long, f"pages over {PAGE_MAX_LINES} lines (split them by the question each part answers): {long}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_paragraph_runs_over_eight_lines(page):
+    long = [f"{wrapped_lines(p)} lines: {p[0][:70]}…" for p in paragraphs(page.read_text(encoding="utf-8"))
+            if wrapped_lines(p) > PARAGRAPH_MAX_LINES]
+    assert not long, f"{page.name}: paragraphs over {PARAGRAPH_MAX_LINES} lines of {WRAP}:\n" + "\n".join(long)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_page_speaks_of_the_development_process(page):
+    found = [f"{i}: {m.group(0)!r}" for i, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+             for m in PROCESS_WORDS.finditer(line)]
+    assert not found, f"{page.name} names issues or the sessions that did the work (say what and when instead):\n" \
+        + "\n".join(found)
+
+
+def test_the_reading_checks_see_long_paragraphs_and_process_words():
+    text = "Intro line.\n" * 9 + "\n- a list item\n  continued\n\n| a | table |\n\n```\ncode\n```\nshort\n" + "x" * 250
+    runs = paragraphs(text)
+    assert [wrapped_lines(r) for r in runs] == [9, 4]
+    assert paragraphs("- item\n  more\n\n  indented\n") == []
+    for bad in ("measured in issue 30", "a later session found", "this session's machine", "lent to an earlier",
+                "before this stop's heap trim", "Issue #12", "the issue's target"):
+        assert PROCESS_WORDS.search(bad), bad
+    for fine in ("nox sessions: lint, unit", "the nox session installs", "a user simulator with slow sessions",
+                 "tissue 3"):
+        assert not PROCESS_WORDS.search(fine), fine

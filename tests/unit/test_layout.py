@@ -162,6 +162,27 @@ def test_no_import_cycles():
     assert not found, "import cycles:\n" + "\n".join(lines)
 
 
+def inner_package(module: str, path: Path) -> str:
+    """The package a module sits in (a package's ``__init__`` sits in itself)."""
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def test_no_import_cycle_among_the_modules_of_one_package():
+    """Inside a package, imports point one way, annotations included: a module that names another's types under
+    ``if TYPE_CHECKING:`` still depends on it, so two modules of one package never import each other in any form
+    (e.g. ``ctu.config``: fields <- derived <- checks <- schema)."""
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    for e in edges():
+        if e.src != e.dst and e.src in known and e.dst in known and \
+                inner_package(e.src, known[e.src]) == inner_package(e.dst, known[e.dst]):
+            graph.setdefault(e.src, set()).add(e.dst)
+    found = cycles(graph)
+    lines = [" <-> ".join(c) + "\n    " + "\n    ".join(sorted(f"{e.where}: {e.src} -> {e.dst}" for e in edges()
+                                                               if e.src in c and e.dst in c)) for c in found]
+    assert not found, "modules of one package that import each other:\n" + "\n".join(lines)
+
+
 def test_imports_point_down_the_flow():
     bad = []
     for e in edges():

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SKIP = {"scripts/regroup.py",  # holds the old module names on purpose (its old -> new mapping)
-        "tests/unit/test_references.py"}  # this file: its examples are stale on purpose
+SKIP = {"tests/unit/test_references.py"}  # this file: its examples are stale on purpose
 DOTTED = re.compile(r"(?<![\w./])ctu(?:\.[A-Za-z_]\w*)+")
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypedDict
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypedDict
 
 from ctu.domains.base import DBView, ToolError, tool
 
@@ -42,11 +43,11 @@ class Payment(TypedDict):
 
 
 # -- pydantic-equivalent record builders (field order and types of tau2's models) -----------
-def _flight_info(f: dict) -> dict:
+def _flight_info(f: Mapping[str, Any]) -> FlightInfo:
     return {"flight_number": f["flight_number"], "date": f["date"]}
 
 
-def _passenger(p: dict) -> dict:
+def _passenger(p: Mapping[str, Any]) -> Passenger:
     return {"first_name": p["first_name"], "last_name": p["last_name"], "dob": p["dob"]}
 
 
@@ -88,7 +89,7 @@ def _flight_instance(db: DBView, flight_number: str, date: str) -> dict:
     return flight["dates"][date]
 
 
-def _bookable(db: DBView, info: dict, cabin: str, seats_needed: int) -> tuple[dict, dict]:
+def _bookable(db: DBView, info: Mapping[str, Any], cabin: str, seats_needed: int) -> tuple[dict, dict]:
     """The flight and its date record, checked as tau2 checks a new segment."""
     flight = _flight(db, info["flight_number"])
     day = _flight_instance(db, info["flight_number"], info["date"])
@@ -157,7 +158,7 @@ def book_reservation(
     reservation_id = next((r for r in NEW_RESERVATION_IDS if db.get("reservations", r) is None), None)
     if reservation_id is None:
         raise ToolError("Too many reservations")
-    reservation = {
+    reservation: dict[str, Any] = {
         "reservation_id": reservation_id, "user_id": user_id, "origin": origin, "destination": destination,
         "flight_type": flight_type, "cabin": cabin, "flights": [], "passengers": passengers,
         "payment_history": [dict(p) for p in payments], "created_at": NOW,

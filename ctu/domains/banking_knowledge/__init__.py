@@ -40,7 +40,7 @@ __all__ = ["BASE_TOOLS", "DISCOVERABLE_TOOLS", "load", "read_log_allowlist"]
 
 def read_log_allowlist(task: Task) -> frozenset[str]:
     """The discoverable tools the task's gold actions call (tau2 1.0.1's ``_derive_read_log_allowlist``)."""
-    return frozenset(a.arguments.get("agent_tool_name") for a in task.actions
+    return frozenset(a.arguments.get("agent_tool_name") for a in task.actions  # type: ignore[misc]
                      if a.name == "call_discoverable_agent_tool" and a.arguments.get("agent_tool_name"))
 
 

@@ -13,7 +13,7 @@ import functools
 import importlib
 import inspect
 import json
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from ctu.domains.banking_knowledge import ids
 from ctu.domains.banking_knowledge.checks import ensure, json_arguments
@@ -39,7 +39,7 @@ TransferReason = Literal[
     "kb_search_unsuccessful_customer_requests_transfer", "specialized_department_required",
     "accessibility_or_special_needs", "customer_frustrated_demands_human", "supervisor_request_service_complaint",
     "customer_requests_human_no_specific_reason", "request_completed_customer_wants_human_followup", "other"]
-TRANSFER_REASONS = list(TransferReason.__args__)
+TRANSFER_REASONS = list(get_args(TransferReason))
 
 
 
@@ -243,7 +243,7 @@ def list_discoverable_agent_tools(self: Bank) -> str:
 def _discoverable(name: object) -> Method:
     """The agent's discoverable tool ``name``, refused as unknown otherwise (tau2 looks it up in a dict: an
     unhashable name raises)."""
-    method = AGENT.get(name)  # type: ignore[arg-type]
+    method: Any = AGENT.get(name)  # type: ignore[call-overload]
     ensure(method is not None and method.discoverable,
            f"Error: Unknown agent tool '{name}'. This tool is not available.")
     return method

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from ctu.domains.banking_knowledge import ids
 from ctu.domains.banking_knowledge.checks import bank_account, ensure, one_of, record
@@ -117,7 +118,7 @@ def close_bank_account_7392(self: Bank, account_id: str, reason: str = "Customer
     balance = account_balance(account)
     fee = 0.0 if waive_early_closure_fee else _early_closure_fee(account, balance)
     ensure(fee is not None, "Error: Account unable to be closed.")
-    ensure(balance - fee == 0,
+    ensure(balance - fee == 0,  # type: ignore[operator]  # fee is not None: ensured above
            f"Error: Account balance must be $0.00 before closing. Current balance: ${balance:.2f}")
     account = self.edit("accounts", account_id)
     account.update(status="CLOSED", date_closed=ids.TODAY, closure_reason=reason,
@@ -185,7 +186,7 @@ def transfer_funds_between_bank_accounts_7291(self: Bank, source_account_id: str
             f"  - To: {destination_account_id} (new balance: ${new_dest:.2f})")
 
 
-def _credit(self: Bank, account_id: object, amount: object, credit_type: object, kinds: tuple[str, ...],
+def _credit(self: Bank, account_id: Any, amount: Any, credit_type: Any, kinds: tuple[str, ...],
             types: dict[str, str], not_kind: str, seed: str, dollar: str) -> str:
     """The shared body of the checking and savings credits (tau2 writes the two balances differently: ``dollar``)."""
     ensure(account_id and amount is not None and credit_type, "Error: Missing required parameters.")

@@ -47,7 +47,7 @@ def digits(value: Any, count: int, text: str) -> None:
 
 def record(self: Bank, table: str, key: Any, missing: str) -> dict:
     """The record ``table[key]``; refused with ``missing`` when there is none."""
-    value = self.get(table, key)
+    value: Any = self.get(table, key)
     ensure(value is not None, missing)
     return value
 
@@ -87,5 +87,5 @@ def linked_account_open(self: Bank, card: dict, verb: str) -> None:
     """A card's checking account, when it has one on record, must still be open before it is ``verb``."""
     account_id = card.get("account_id")
     if account_id and self.has("accounts", account_id):
-        ensure(self.get("accounts", account_id).get("status") == "OPEN",
+        ensure(self.get("accounts", account_id).get("status") == "OPEN",  # type: ignore[union-attr]
                f"Error: The linked checking account '{account_id}' is no longer open. Card cannot be {verb}.")

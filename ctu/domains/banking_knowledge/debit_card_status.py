@@ -3,6 +3,8 @@ fraud alerts."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ctu.domains.banking_knowledge import ids
 from ctu.domains.banking_knowledge.checks import card_status, debit_card, ensure, linked_account_open, one_of
 from ctu.domains.banking_knowledge.credit_cards import titled
@@ -20,7 +22,7 @@ FRAUD = ["unauthorized_transaction", "card_present_fraud", "card_not_present_fra
 CLOSE_REASONS = ["lost", "stolen", "fraud_suspected", "damaged", "no_longer_needed", "account_closing"]
 
 
-def _check_dispute(values: dict[str, object]) -> None:
+def _check_dispute(values: dict[str, Any]) -> None:
     """tau2's checks of a debit card dispute's fields, in its order."""
     required = [values[k] for k in ("transaction_id", "account_id", "card_id", "user_id", "dispute_category",
                                     "transaction_date", "discovery_date", "disputed_amount", "transaction_type",
@@ -114,7 +116,7 @@ def set_debit_card_recurring_block_7382(self: Bank, card_id: str, block_recurrin
         Debit card recurring payment settings updated successfully.
     """
     ensure(card_id, "Error: Missing required parameter: card_id")
-    card = self.get("debit_cards", card_id)
+    card: Any = self.get("debit_cards", card_id)
     ensure(card, f"Error: Debit card '{card_id}' not found.")
     status = card.get("status", "").upper()
     ensure(status == "ACTIVE",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 from ctu.domains.banking_knowledge import ids
 from ctu.domains.banking_knowledge.checks import (
@@ -31,7 +32,7 @@ ACTIVATION_TOOL = {"new_account": "activate_debit_card_8291", "first_card": "act
                    "bank_reissue": "activate_debit_card_8293"}
 
 
-def check_pin(pin: object) -> None:
+def check_pin(pin: Any) -> None:
     """tau2's rules for a new PIN: 4 digits, not sequential, not one digit repeated."""
     ensure(pin and pin.isdigit() and len(pin) == 4, "Error: PIN must be exactly 4 digits.")
     ensure(pin not in SEQUENTIAL_PINS, "Error: PIN cannot be sequential (e.g., 1234). Please choose a more secure PIN.")
@@ -186,7 +187,7 @@ def activation_doc(returns: str) -> Callable[[Callable], Callable]:
     """Decorator completing an activation tool's docstring (its first line) with the Args the three share."""
 
     def wrap(fn: Callable) -> Callable:
-        fn.__doc__ += ACTIVATION_ARGS.format(returns=returns)
+        fn.__doc__ += ACTIVATION_ARGS.format(returns=returns)  # type: ignore[operator]  # every activation tool has one
         return fn
 
     return wrap

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -142,7 +143,7 @@ class KnowledgeBase:
             self._bm25 = BM25Okapi([d.content.lower().split() for d in self.documents])
         return self._bm25
 
-    def search(self, query: object) -> tuple[list[tuple[Document, float]], float]:
+    def search(self, query: Any) -> tuple[list[tuple[Document, float]], float]:
         """(the top 10 by BM25, milliseconds spent); no results for an empty or blank query."""
         started = time.perf_counter()
         if not query or not query.strip():
@@ -151,7 +152,7 @@ class KnowledgeBase:
             hits = [(self.documents[i], s) for i, s in self.bm25.top(query.lower().split())]
         return hits, (time.perf_counter() - started) * 1000
 
-    def grep(self, pattern: object) -> list[tuple[Document, float]]:
+    def grep(self, pattern: Any) -> list[tuple[Document, float]]:
         """Documents by number of case-insensitive regex matches (top 10; an invalid regex is matched literally)."""
         if not pattern.strip():
             return []

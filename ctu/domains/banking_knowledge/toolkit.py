@@ -89,7 +89,7 @@ def discoverable(kind: str, **options: Any) -> Callable[[Callable], Callable]:
 def user_discoverable(name: Any) -> Method:
     """The user's discoverable tool ``name``, refused as unknown otherwise (a dict lookup, as tau2's: an unhashable
     name raises)."""
-    method = USER.get(name)
+    method: Any = USER.get(name)
     ensure(method is not None and method.discoverable, f"Error: Unknown discoverable tool '{name}'.")
     return method
 
@@ -185,7 +185,7 @@ def _doc_sections(doc: str) -> tuple[str, dict[str, str]]:
     current = None
     for line in (args.group(1) if args else "").splitlines():
         found = re.match(r"^\s{0,8}(\w+)(?:\s*\([^)]*\))?:\s*(.*)$", line)
-        if found and (current is None or len(line) - len(line.lstrip()) <= _indent(args.group(1))):
+        if found and (current is None or len(line) - len(line.lstrip()) <= _indent(args.group(1))):  # type: ignore[union-attr]
             current = found.group(1)
             params[current] = found.group(2).strip()
         elif current is not None and line.strip():

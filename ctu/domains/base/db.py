@@ -33,7 +33,7 @@ class DBView:
         self._overlay: dict[str, dict[str, Any]] = {}
 
     # -- reads -------------------------------------------------------------------
-    def get(self, table: str, key: str) -> Any | None:
+    def get(self, table: str, key: str) -> Any:  # None where the row does not exist
         changed = self._overlay.get(table)
         if changed is not None and key in changed:
             value = changed[key]

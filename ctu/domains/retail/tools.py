@@ -251,8 +251,8 @@ def modify_pending_order_items(db, order_id: OrderId,
         if item is None:
             raise ToolError(f"Item {item_id} not found")
         item["item_id"] = new_item_id
-        item["price"] = variant["price"]  # tau2 quirk: the last variant of the loop above
-        item["options"] = dict(variant["options"])
+        item["price"] = variant["price"]  # type: ignore[index]  # tau2 quirk: the last variant of the loop above
+        item["options"] = dict(variant["options"])  # type: ignore[index]
     order["status"] = "pending (item modified)"
     return order
 

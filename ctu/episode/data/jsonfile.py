@@ -48,7 +48,7 @@ def parse_line(path: Path, line: int, text: str) -> Any:
 def records(path: Path) -> Iterator[tuple[int, Any]]:
     """(line, record) of a JSON Lines file or of a file holding one JSON array (each element's starting line)."""
     text = read_text(path)
-    start = _SPACE.match(text).end()
+    start = _SPACE.match(text).end()  # type: ignore[union-attr]  # matches the empty string
     if text.startswith("[", start):
         yield from _array(path, text, start)
         return
@@ -60,7 +60,7 @@ def records(path: Path) -> Iterator[tuple[int, Any]]:
 def load(path: Path) -> Any:
     """The one JSON value a file holds (an array read as :func:`records` reads one); errors name file and line."""
     text = read_text(path)
-    start = _SPACE.match(text).end()
+    start = _SPACE.match(text).end()  # type: ignore[union-attr]  # matches the empty string
     if text.startswith("[", start):
         return [value for _, value in _array(path, text, start)]
     try:
@@ -78,7 +78,7 @@ def _line_at(text: str, pos: int) -> int:
 def _array(path: Path, text: str, pos: int) -> Iterator[tuple[int, Any]]:
     """The elements of the array opening at ``pos``; lines are counted once, forward (linear time)."""
     line, counted = _line_at(text, pos), pos
-    pos = _SPACE.match(text, pos + 1).end()
+    pos = _SPACE.match(text, pos + 1).end()  # type: ignore[union-attr]  # matches the empty string
     while not text.startswith("]", pos):
         if pos >= len(text):
             raise DataError(f"{path}:{_line_at(text, len(text.rstrip()))}: the JSON array is not closed")
@@ -90,16 +90,16 @@ def _array(path: Path, text: str, pos: int) -> Iterator[tuple[int, Any]]:
         except RecursionError:
             raise DataError(f"{path}:{line}: {TOO_DEEP}") from None
         yield line, value
-        pos = _SPACE.match(text, pos).end()
+        pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]  # matches the empty string
         if text.startswith(",", pos):
-            pos = _SPACE.match(text, pos + 1).end()
+            pos = _SPACE.match(text, pos + 1).end()  # type: ignore[union-attr]  # matches the empty string
             if text.startswith("]", pos):
                 raise DataError(f"{path}:{_line_at(text, pos)}: not valid JSON (a comma before the array's ']')")
         elif pos < len(text) and not text.startswith("]", pos):
             raise DataError(f"{path}:{_line_at(text, pos)}: expected ',' or ']' after the record that starts on "
                             f"line {line}")
     end = line + text.count("\n", counted, pos)
-    rest = _SPACE.match(text, pos + 1).end()
+    rest = _SPACE.match(text, pos + 1).end()  # type: ignore[union-attr]  # matches the empty string
     if rest < len(text):
         raise DataError(f"{path}:{end + text.count(chr(10), pos, rest)}: content after the JSON array that ends on "
                         f"line {end} (a file holds one JSON array, or JSON Lines: one object per line)")

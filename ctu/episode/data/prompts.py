@@ -120,7 +120,7 @@ def row_task(row: dict[str, Any]) -> tuple[str, Task, str]:
         task = Task.from_tau2(truth)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DataError(f"ground_truth is not a tau2 task: {exc!r}") from None
-    extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+    extra: Any = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
     domain = extra.get("domain") or str(row.get("data_source") or "").removeprefix("ctu/")
     if not domain:
         raise DataError("no extra_info.domain or data_source to name the task's domain")

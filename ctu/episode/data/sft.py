@@ -192,7 +192,7 @@ def _from_sharegpt(record: dict[str, Any]) -> Conversation:
     if not isinstance(opening, list) or not all(isinstance(m, dict) for m in opening):
         raise DataError("field 'opening' must be a list of messages")
     messages += untrained_prefix([*opening, {"role": "user"}])[:-1]
-    agent_turns, call_count, calls = 0, 0, []
+    agent_turns, call_count, calls = 0, 0, list[dict[str, Any]]()
     for n, turn in enumerate(turns):
         if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
             raise DataError(f"conversations[{n}] must be an object with a string 'value'")

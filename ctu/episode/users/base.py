@@ -31,7 +31,9 @@ AGENT_GREETING = "Hi! How can I help you today?"
 
 def is_stop(user_text: str | None) -> bool:
     """tau2's ``UserSimulator.is_stop``: the text contains a stop token."""
-    return bool(user_text) and any(token in user_text for token in STOP_TOKENS)
+    if not user_text:
+        return False
+    return any(token in user_text for token in STOP_TOKENS)
 
 
 class UserSimulatorError(RuntimeError):

@@ -173,7 +173,7 @@ class LLMUserSession(UserSession):
                 {"id": c.id, "type": "function", "function": {"name": c.function.name,
                                                               "arguments": c.function.arguments}}
                 for c in reply.tool_calls]})
-            results = self.toolbox.act(calls)
+            results = self.toolbox.act(calls)  # type: ignore[union-attr]  # tool calls come only with a toolbox
             self.history += [{"role": "tool", "tool_call_id": c.id, "content": r}
                              for c, r in zip(reply.tool_calls, results, strict=True)]
         raise UserSimulatorError(f"user simulator model '{self.config.model}' kept calling tools: more than "

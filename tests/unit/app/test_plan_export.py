@@ -7,7 +7,7 @@ keeps). Rank 0 (or the one process) writes one fp32 model of the full size from 
 from ctu.app.plan import GiB, _module_shapes, parameter_count, plan, resolve_arch
 from ctu.app.plan_terms import VLLM_CUDA_GRAPHS, stream_peak, sync_units
 from ctu.config.schema import load_config
-from tests.plan_helpers import QWEN3_8B, RAY8, SEVEN_B, THREE_B, overhead, part
+from tests.support.plan_helpers import QWEN3_8B, RAY8, SEVEN_B, THREE_B, overhead, part
 
 
 def test_an_in_process_lora_export_casts_the_embedding_to_fp32_beside_the_awake_engine():

@@ -8,7 +8,7 @@ import json
 from ctu.app.plan import CUDA_CONTEXT, FRAGMENTATION, GiB, _module_shapes, parameter_count, plan, resolve_arch
 from ctu.app.plan_terms import VLLM_CUDA_GRAPHS
 from ctu.config.schema import load_config
-from tests.plan_helpers import QWEN3_8B, RAY8, SEVEN_B, THREE_B, part
+from tests.support.plan_helpers import QWEN3_8B, RAY8, SEVEN_B, THREE_B, part
 
 
 def test_a_sharded_lora_sync_holds_the_gathered_root_and_its_bf16_clone_on_every_rank():

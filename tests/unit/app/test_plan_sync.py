@@ -9,7 +9,7 @@ import pytest
 from ctu.app.plan import GiB, _module_shapes, lora_parameter_count, main, plan, resolve_arch
 from ctu.app.plan_terms import VLLM_CUDA_GRAPHS
 from ctu.config.schema import load_config
-from tests.plan_helpers import QWEN3_8B, RAY8, SEVEN_B, THREE_B, overhead, part
+from tests.support.plan_helpers import QWEN3_8B, RAY8, SEVEN_B, THREE_B, overhead, part
 
 
 def test_a_merged_lora_sync_holds_one_module_merge_beside_the_engine_weights_with_its_kv_cache_asleep():

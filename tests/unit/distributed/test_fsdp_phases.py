@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    from tests.models import save_random_model
+    from tests.support.models import save_random_model
 
     return save_random_model(tmp_path_factory.mktemp("tiny-phases"), "llama", layers=2, hidden=64, intermediate=128)
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.fsdp_helpers import free_port, spawned_rank
-from tests.models import save_random_model
+from tests.support.fsdp_helpers import free_port, spawned_rank
+from tests.support.models import save_random_model
 from tests.unit.distributed.test_fsdp import make_policy
 
 

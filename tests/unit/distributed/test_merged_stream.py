@@ -14,7 +14,7 @@ from ctu.config.schema import load_config
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    from tests.models import save_random_model
+    from tests.support.models import save_random_model
 
     return save_random_model(tmp_path_factory.mktemp("tiny-qwen2-4"), "qwen2", layers=4, hidden=64, intermediate=128)
 

@@ -9,7 +9,7 @@ import torch
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    from tests.models import save_random_model
+    from tests.support.models import save_random_model
 
     return save_random_model(tmp_path_factory.mktemp("tiny-offload"), "qwen2", layers=2, hidden=64, intermediate=128)
 

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctu.domains.base import DBView, canonical, run_tool, to_json_text
-from tests.toy_domain import fill_box, get_box, make_toy_domain, paint_box
+from tests.support.toy_domain import fill_box, get_box, make_toy_domain, paint_box
 
 
 def test_schema_is_derived_from_the_signature():

@@ -97,7 +97,7 @@ def test_hf_generation_warns_no_deprecation(kv_reuse):
 def test_sharding_a_checkpointed_policy_warns_no_deprecation():
     from ctu.distributed.fsdp import make_reduce, shard_policy
     from ctu.train.policy import build_policy
-    from tests.fsdp_helpers import single_process_group
+    from tests.support.fsdp_helpers import single_process_group
 
     config = load_config(None, TRAINING)
     torch.manual_seed(0)

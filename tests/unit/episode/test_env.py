@@ -5,7 +5,7 @@ import pytest
 from ctu.episode.env import AgentTurn, Episode, ToolCall, system_prompt
 from ctu.episode.users.base import UserSession, UserSimulatorError
 from ctu.episode.users.scripted import ScriptedUser
-from tests.toy_domain import make_toy_domain
+from tests.support.toy_domain import make_toy_domain
 
 
 def run(coro):

@@ -7,7 +7,7 @@ import respx
 
 from ctu.episode.judge import JudgeError, LLMJudge, read_verdicts
 from ctu.episode.reward import nl_verdicts, score_transcript
-from tests.toy_domain import make_toy_domain
+from tests.support.toy_domain import make_toy_domain
 
 BASE = "http://judge.test/v1"
 

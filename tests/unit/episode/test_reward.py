@@ -3,7 +3,7 @@ import json
 
 from ctu.domains.base import run_tool
 from ctu.episode.reward import communicated, compute_reward, nl_verdicts, score_transcript
-from tests.toy_domain import make_toy_domain
+from tests.support.toy_domain import make_toy_domain
 
 
 def call(name, args, cid="c1"):

@@ -15,7 +15,7 @@ def test_export_holds_one_merged_tensor_at_a_time_and_writes_the_merged_policy(t
 
     from ctu.train.policy import build_policy
     from ctu.train.weights import export
-    from tests.models import save_random_model
+    from tests.support.models import save_random_model
 
     path = save_random_model(tmp_path / "tiny", "llama", layers=2, hidden=64, intermediate=128)
     config = load_config(None, [f"model.path={path}", "model.dtype=float32", "lora.enabled=true"])

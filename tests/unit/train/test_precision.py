@@ -12,7 +12,7 @@ LR = 3e-7
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    from tests.models import save_random_model
+    from tests.support.models import save_random_model
 
     return save_random_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", layers=2, hidden=64, intermediate=128)
 

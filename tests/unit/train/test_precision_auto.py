@@ -41,7 +41,7 @@ print(json.dumps({"train_dtype": str(getattr(policy.model, TRAIN_DTYPE_ATTR)), "
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    from tests.models import save_random_model
+    from tests.support.models import save_random_model
 
     return save_random_model(tmp_path_factory.mktemp("tiny-auto"), "qwen2", layers=1, hidden=32, intermediate=64)
 

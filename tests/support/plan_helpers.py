@@ -4,7 +4,7 @@ from pathlib import Path
 
 from ctu.app.plan import CUDA_CONTEXT, FRAGMENTATION
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 QWEN3_8B = str(CONFIGS / "qwen3-8b-lora.yaml")
 THREE_B = str(CONFIGS / "qwen2.5-3b-retail.yaml")
 SEVEN_B = str(CONFIGS / "qwen2.5-7b-multidomain.yaml")

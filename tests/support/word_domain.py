@@ -1,7 +1,7 @@
 """A trivial domain for the learning test: the customer asks for the store's fruit of the day; it is "pear".
 
 No tools: an episode is one question and one answer, and the reward is COMMUNICATE ("pear" said).
-Loaded by the trainer as ``env.domains=[tests.word_domain:load]``.
+Loaded by the trainer as ``env.domains=[tests.support.word_domain:load]``.
 """
 
 from __future__ import annotations
