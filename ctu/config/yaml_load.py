@@ -69,7 +69,7 @@ def load_yaml(text: str, where: str) -> Any:
     return value
 
 
-def set_dotted(tree: dict, dotted: str, value: Any) -> None:
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     node = tree
     for part in parts[:-1]:

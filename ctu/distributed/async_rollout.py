@@ -85,7 +85,7 @@ class Group:
 class RolloutProducer:
     """Samples groups in a background thread; the trainer takes them with :meth:`take`."""
 
-    def __init__(self, engine: Engine | None, chat, user, limits: RolloutLimits, params: SamplingParams, *,
+    def __init__(self, engine: Engine | None, chat, user, limits: RolloutLimits | None, params: SamplingParams, *,
                  draw: Draw, samples_per_task: int, capacity: int, seed: Callable[[int], int], concurrency: int = 64,
                  max_batch_size: int = 64, player: Player | None = None):
         self.engine, self.chat, self.user, self.limits, self.params = engine, chat, user, limits, params
@@ -237,6 +237,7 @@ class RolloutProducer:
             self.group_seconds += seconds
             self.done.put(Group(index, trajectories, None, seconds))
             return
+        assert self.engine is not None  # no player: episodes are played here, on this engine
         started, version = time.perf_counter(), self.engine.weights_version
 
         async def one(i: int) -> Trajectory:
@@ -304,7 +305,7 @@ class AsyncPool(RolloutPool):
 
     def wake_up(self) -> None:
         self.inner.wake_up()
-        if self._sleeping:
+        if self._sleeping and self.producer is not None:
             self._sleeping = False
             self.producer.resume()
 
