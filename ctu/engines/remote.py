@@ -194,8 +194,8 @@ class RemoteEngine(Engine):
 
             async def one(i: int, prompt: Sequence[int]) -> list[Completion]:
                 seed = seeds[i] if seeds is not None else (None if params.seed is None else params.seed + i * params.n)
-                model, version = self.target()  # taken when the request is sent: the weights that sample it
-                async with self._gate():
+                async with self._gate():  # the target is read once through it: a request held here must not
+                    model, version = self.target()  # name an adapter unloaded meanwhile (k + 1 are kept)
                     return await self._post(client, self.request_body(prompt, replace(params, seed=seed), model),
                                             params.n, version)
 

@@ -96,3 +96,25 @@ def test_remote_engine_takes_no_weights_so_it_cannot_train(monkeypatch):
     assert HFEngine.accepts_weights and VLLMEngine.accepts_weights
     with pytest.raises(NotImplementedError, match="cannot take tensors"):
         eng.update_weights([("w", 0)])
+
+
+@respx.mock
+def test_a_request_held_at_the_gate_names_the_adapter_served_when_it_is_sent(monkeypatch):
+    """With engine.concurrency=1 a second request waits for the first; if the served adapter changes meanwhile
+    (and the old one is unloaded), it must name the new one when it goes, not the one of when it was queued."""
+    eng, _ = engine(monkeypatch, concurrency=1)
+    served = {"model": "ctu-v0", "version": 0}
+    monkeypatch.setattr(eng, "target", lambda: (served["model"], served["version"]))
+    sent = []
+
+    async def reply(request):
+        sent.append(json.loads(request.content)["model"])
+        if len(sent) == 1:  # the first request is in flight: a weight sync swaps the adapter now
+            served.update(model="ctu-v1", version=1)
+            await asyncio.sleep(0.05)
+        return ok(choice(0, [5], [-0.5]))
+
+    respx.post(URL).mock(side_effect=reply)
+    out = asyncio.run(eng.generate([[1, 2], [3, 4]], SamplingParams(max_tokens=1, seed=0)))
+    assert sent == ["ctu-v0", "ctu-v1"]
+    assert [c[0].version for c in out] == [0, 1]  # each stamped with the version its request named
