@@ -135,6 +135,11 @@ class Trainer:
 
             self.pool = AsyncPool(self.pool)
         self.sync = WeightSync(config, self.group, self.pool)
+        warm = config.trainer.sft_steps > 0 and config.trainer.resume is None
+        if warm and (problem := self.sync.base_change_problem("trainer.sft_steps", "the supervised warm start")):
+            self.pool.close()  # before any work: a server ctu launched goes too
+            self.group.close()
+            raise ConfigError(problem)
         self.rebased = False  # the KL reference is the warm-started policy (stored in checkpoints)
         self.step = 0
         self.rollouts = AsyncRollouts.of(self)  # trainer.max_staleness > 0: the background rollout worker, else None
@@ -308,6 +313,8 @@ class Trainer:
         t = self.config.trainer
         if t.sft_steps <= 0:
             return None
+        if problem := self.sync.base_change_problem("trainer.sft_steps", "the supervised warm start"):
+            raise ConfigError(problem)  # trainer.resume found no checkpoint: the warm start would run
         if demos is None:  # the samples prepared before the model loaded serve the first warm start
             demos, self.demos = self.demos, None
         if demos is None:
@@ -363,6 +370,8 @@ class Trainer:
         resume_from = resolve_resume(ckpt_root, t.resume)
         if resume_from is not None:
             self.step, extra, rebased = self.group.load(resume_from)
+            if rebased and (problem := self.sync.base_change_problem("trainer.resume", f"{resume_from}'s warm start")):
+                raise ConfigError(problem)
             if rebased:
                 self.rebased = self.sync.base_changed = True
             self.sampler.set_state(extra["sampler"])

@@ -215,6 +215,12 @@ class ServedEngine(RemoteEngine):
                             "(/collective_rpc reload_weights): start the server with VLLM_SERVER_DEV_MODE=1, or "
                             "train LoRA (lora.enabled=true), whose adapters hot-load through /v1/load_lora_adapter")
 
+    @property
+    def reloads_base(self) -> bool:
+        """Whether the server can reload merged weights (its dev routes): a LoRA run needs it once the warm start
+        is merged into the base."""
+        return self.info is not None
+
     # -- generation ---------------------------------------------------------------------------
     def target(self) -> tuple[str, int | None]:
         with self._lock:

@@ -64,6 +64,16 @@ class WeightSync:
         self.version = -1
         self.base_changed = False  # the engine's base weights must be (re)sent before adapter-only syncs
 
+    def base_change_problem(self, key: str, why: str) -> str | None:
+        """Why this run's engine cannot take a new base (the warm start or a resumed rebase merged into it), in
+        one line naming ``key``; None where it can."""
+        engine = getattr(self.pool, "engine", None)
+        if weight_sync_mode(self.config) != "adapter" or getattr(engine, "reloads_base", True):
+            return None
+        return (f"{key}: {why} merges into the base weights, which the served engine reloads only through the "
+                "server's dev routes, and its server has none: start it with VLLM_SERVER_DEV_MODE=1, or train "
+                "without a warm start (trainer.sft_steps=0)")
+
     def before_update(self) -> None:
         if engines_sleep(self.config):
             self.pool.sleep()

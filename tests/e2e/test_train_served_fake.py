@@ -100,3 +100,16 @@ def test_asynchronous_training_through_a_served_engine_keeps_the_staleness_bound
         assert 0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= k
         assert r["sync/logprob_max_abs_diff"] <= 1e-3
     assert loaded == [f"ctu-v{v}" for v in range(max(0, 4 - (k + 1)), 4)][-(k + 1):]
+
+
+def test_a_lora_warm_start_without_the_servers_dev_mode_is_refused_before_any_work(tmp_path):
+    """The warm start is merged into the base, which the server reloads only through its dev routes: without them
+    the run used to crash at the first sync after minutes of evaluation and supervised steps. Refused at start,
+    in one line, before the model trains or a rollout runs; without a warm start the adapter run trains."""
+    with FakeVLLMServer(dev_mode=False) as fake:
+        with pytest.raises(ConfigError, match=r"^trainer\.sft_steps: .*VLLM_SERVER_DEV_MODE=1.*trainer\.sft_steps=0"):
+            Trainer(served_config(tmp_path / "run", fake.url, "trainer.eval_before_train=true"))
+        assert not [e for e in fake.events if e.startswith(("load", "POST /v1/completions"))]
+        assert not (tmp_path / "run" / "metrics.jsonl").exists()
+        Trainer(served_config(tmp_path / "plain", fake.url, "trainer.sft_steps=0", "trainer.max_steps=1")).run()
+    assert [r["sync/version"] for r in read_metrics(tmp_path / "plain")] == [1.0]
