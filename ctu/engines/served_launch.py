@@ -36,13 +36,17 @@ def free_port() -> int:
 
 def server_command(model_dir: str, served_name: str, port: int, *, python: str | None = None, dtype: str = "auto",
                    seed: int = 0, max_model_len: int | None = None, logprobs_mode: str = "processed_logprobs",
-                   lora_rank: int | None = None, max_loras: int = 1, extra: Sequence[str] = ()) -> list[str]:
-    """The server's command line; ``lora_rank``: serve LoRA adapters up to that rank (``--enable-lora``)."""
+                   lora_rank: int | None = None, max_loras: int = 1, extra: Sequence[str] = (),
+                   gpu_memory_utilization: float | None = None) -> list[str]:
+    """The server's command line; ``lora_rank``: serve LoRA adapters up to that rank (``--enable-lora``);
+    ``gpu_memory_utilization``: its share of the GPU (vLLM's default, 0.9, leaves no room for a trainer beside it)."""
     cmd = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--seed", str(seed), "--logprobs-mode", logprobs_mode]
     if max_model_len is not None:
         cmd += ["--max-model-len", str(max_model_len)]
+    if gpu_memory_utilization is not None:
+        cmd += ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
     if lora_rank is not None:
         cmd += ["--enable-lora", "--max-lora-rank", str(lora_rank), "--max-loras", str(max_loras)]
     return cmd + list(extra)

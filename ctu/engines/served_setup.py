@@ -23,7 +23,8 @@ def launch_server(config, keep: int) -> LaunchedServer:
                              dtype=vllm_dtype(config.model.dtype, torch.cuda.is_available()), seed=config.run.seed,
                              max_model_len=config.env.max_context_tokens,
                              logprobs_mode=choose_logprobs_mode(config.sampling.temperature, config.sampling.top_p),
-                             lora_rank=config.lora.rank if adapter else None, max_loras=keep, extra=e.launch_args)
+                             lora_rank=config.lora.rank if adapter else None, max_loras=keep, extra=e.launch_args,
+                             gpu_memory_utilization=e.gpu_memory_utilization if torch.cuda.is_available() else None)
     server = LaunchedServer(command, server_env(dict(os.environ), os.environ.get(e.api_key_env)),
                             Path(config.run.dir) / "engine" / "vllm-server.log", port)
     try:

@@ -35,3 +35,34 @@ def test_a_server_never_healthy_is_stopped_after_the_timeout(tmp_path):
     with pytest.raises(ServerStartError, match=r"not healthy after 1.5s \(engine.launch_timeout_s\)"):
         server.wait_healthy(1.5, progress=said.append, every_s=0.5, poll_s=0.2)
     assert server.process.poll() is not None and said and "waiting for the vLLM server" in said[0]
+
+
+def test_a_launched_server_on_cuda_takes_the_configs_memory_fraction_not_vllms_default(monkeypatch, tmp_path):
+    """vLLM's default --gpu-memory-utilization is 0.9: beside a trainer already on the GPU that runs out of memory
+    or is refused. The launched server gets engine.gpu_memory_utilization (on CUDA; the CPU build sizes its KV
+    cache otherwise)."""
+    import torch
+
+    from ctu.config.schema import load_config
+    from ctu.engines import served_setup
+
+    seen = {}
+
+    class Stub:
+        def __init__(self, command, env, log_path, port):
+            seen["command"] = command
+
+        def wait_healthy(self, timeout_s):
+            pass
+
+    monkeypatch.setattr(served_setup, "LaunchedServer", Stub)
+    monkeypatch.setattr(served_setup, "resolve_model", lambda path: "/m", raising=False)
+    monkeypatch.setattr("ctu.engines.models.resolve_model", lambda path: "/m")
+    config = load_config(None, ["engine.kind=served", "engine.launch=true", "engine.gpu_memory_utilization=0.35",
+                                f"run.dir={tmp_path}"])
+    for cuda, want in ((True, ["--gpu-memory-utilization", "0.35"]), (False, None)):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        served_setup.launch_server(config, keep=2)
+        cmd = seen["command"]
+        flag = cmd[cmd.index("--gpu-memory-utilization"):][:2] if "--gpu-memory-utilization" in cmd else None
+        assert flag == want
