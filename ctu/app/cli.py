@@ -119,10 +119,13 @@ def _load(args: argparse.Namespace):
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """k samples per task over the configured domains and splits; reports into run.dir."""
+    from ctu.config.rundir import check_run_dir, mark_run_dir
     from ctu.config.runlock import RunDirLock
 
     config = _load(args)
+    check_run_dir(config.run.dir)  # a folder of its own: never the current one, a home or someone else's files
     with RunDirLock(config.run.dir):  # one writer per run.dir (a live train or eval there refuses this one)
+        mark_run_dir(config.run.dir)
         return _evaluate(config)
 
 

@@ -19,6 +19,7 @@ from ctu.app.async_loop import AsyncRollouts
 from ctu.app.evaluate import PHASE_WORDS, NothingScored, all_errored, episode_specs, progress_bar, write_report
 from ctu.app.resume import prepare_resume, recorded_final
 from ctu.app.task_sampler import TaskSampler, task_weight  # noqa: F401 - task_weight: imported from here too
+from ctu.config.rundir import check_run_dir, mark_run_dir, overwrite_problem, remove_run
 from ctu.config.runlock import RunDirLock
 from ctu.config.schema import Config, ConfigError, save_config, to_dict, training_problems
 from ctu.distributed.group import LocalTrainer, TrainerGroup, sft_batches
@@ -48,7 +49,8 @@ class TrainingRewards:
 
 
 def prepare_run_dir(config: Config) -> None:
-    """Refuse a ``run.dir`` that holds another run, unless told to resume it or to overwrite it."""
+    """Refuse a ``run.dir`` that holds another run, unless told to resume it or to overwrite it (which deletes what
+    a run wrote there, and only in a folder ctu created: :mod:`ctu.config.rundir`)."""
     run_dir = Path(config.run.dir)
     found = previous_run(run_dir)
     if found is None or config.trainer.resume is not None:
@@ -56,11 +58,9 @@ def prepare_run_dir(config: Config) -> None:
     if not config.run.overwrite:
         raise ConfigError(f"run.dir: {run_dir} holds another run ({found}); continue it with trainer.resume=latest, "
                           "replace it with run.overwrite=true, or choose another run.dir")
-    import shutil
-
-    for name in ("checkpoints", "eval", "examples", "export"):
-        shutil.rmtree(run_dir / name, ignore_errors=True)
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    if (problem := overwrite_problem(run_dir)) is not None:  # only in a folder ctu created, only what a run wrote
+        raise ConfigError(problem)
+    remove_run(run_dir)
 
 
 def build_trainer_group(config) -> TrainerGroup:
@@ -81,7 +81,9 @@ class Trainer:
         hardware = cuda_hardware()
         if hardware is not None:  # on CUDA: refuse what cannot fit before loading anything
             check_fits(config, None, hardware[1])  # the run's GPUs (one in process), not all visible ones
+        check_run_dir(config.run.dir)  # a folder of its own: never the current one, a home or someone else's files
         self.lock = RunDirLock(config.run.dir).acquire()  # one writer per run.dir, held until run() ends
+        mark_run_dir(config.run.dir)  # a new or empty folder is ctu's (run.overwrite deletes only in such a folder)
         try:
             self.complete = prepare_resume(config)  # a resumed run's records repaired or refused; None: go on
             if self.complete is None:
