@@ -170,14 +170,16 @@ class AgentPool(LocalPool):
     def _finish(self, agent: AgentRun, error: str | None, judge, call: int) -> Trajectory:
         agent_s = time.monotonic() - agent.started
         trajectory = self.proxy.call(self.episodes.finish(agent.episode_id, error, judge, agent_s))
-        if error is None:
-            agent.log_path.unlink(missing_ok=True)  # kept only where the agent failed
+        if trajectory.stop_reason != "error":
+            agent.log_path.unlink(missing_ok=True)  # kept only where the episode errored
         else:  # kept redacted: what the agent printed goes through the same redaction as ctu's own output
             redact_file(agent.log_path)
+            if error is None and trajectory.error and str(agent.log_path) not in trajectory.error:
+                trajectory.error = f"{trajectory.error}; output in {agent.log_path}"
         row = {"call": call, "episode_id": agent.episode_id, **trajectory.to_json(with_tokens=True),
                "logprobs": trajectory.logprobs, "token_versions": trajectory.token_versions,
                "extra_samples": [s.to_json() for s in trajectory.extra_samples]}
-        if error is not None:
+        if trajectory.stop_reason == "error":
             row["log"] = str(agent.log_path)
         with (self.dir / "episodes.jsonl").open("a") as f:
             f.write(json.dumps(redact_data(row)) + "\n")

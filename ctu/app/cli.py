@@ -132,14 +132,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _evaluate(config) -> int:
     import asyncio
 
-    from ctu.app.evaluate import all_errored, episode_specs, progress_bar, write_report
+    from ctu.app.evaluate import all_errored, episode_specs, nothing_to_evaluate, progress_bar, write_report
     from ctu.config.schema import save_config
     from ctu.rollout import components as build
     from ctu.rollout.loop import RolloutLimits, rollout, warn_prompt_budget
 
-    save_config(config, f"{config.run.dir}/config.yaml")
     domains = build.build_domains(config)
     specs = episode_specs(domains, config.eval.splits, config.eval.samples_per_task, config.eval.max_tasks)
+    if why := nothing_to_evaluate(domains, config.eval.splits, specs):  # before any model, and nothing written
+        raise SystemExit(_one_line(f"ctu: error: {why}"))
+    save_config(config, f"{config.run.dir}/config.yaml")
     user, judge = build.build_user(config), build.build_judge(config)  # a missing API key fails before the model loads
     chat = build.build_chat(config)
     warn_prompt_budget(chat, domains, config.env.max_context_tokens)

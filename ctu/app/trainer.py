@@ -16,7 +16,15 @@ from pathlib import Path
 import torch
 
 from ctu.app.async_loop import AsyncRollouts
-from ctu.app.evaluate import PHASE_WORDS, NothingScored, all_errored, episode_specs, progress_bar, write_report
+from ctu.app.evaluate import (
+    PHASE_WORDS,
+    NothingScored,
+    all_errored,
+    episode_specs,
+    nothing_to_evaluate,
+    progress_bar,
+    write_report,
+)
 from ctu.app.resume import prepare_resume, recorded_final
 from ctu.app.task_sampler import TaskSampler, task_weight  # noqa: F401 - task_weight: imported from here too
 from ctu.config.rundir import check_run_dir, mark_run_dir, overwrite_problem, remove_run
@@ -99,6 +107,8 @@ class Trainer:
         random.seed(config.run.seed)
         preflight(config)  # Ray set-ups that cannot work fail here, before any model is loaded
         self.domains = build.build_domains(config)  # task keys that match nothing fail before the model loads
+        if why := nothing_to_evaluate(self.domains, config.eval.splits, self._eval_specs()):
+            raise ConfigError(why)  # a success rate over 0 episodes: refused before any model
         self.demos = prepared_samples(config, self.domains)  # bad warm-start data: before any model or eval
         prepare_run_dir(config)  # after every check: a refused run leaves run.dir as it was
         self.sampler = TaskSampler(self.domains, [config.env.weights.get(n, 1.0) for n in config.env.domains],
@@ -154,9 +164,14 @@ class Trainer:
         params = replace(build.sampling_params(self.config, temperature), seed=seed)
         return self.pool.run(specs, params, seed, judge_enabled=judge is not None, on_done=on_done)
 
+    def _eval_specs(self) -> list[EpisodeSpec]:
+        return episode_specs(self.domains, self.config.eval.splits, self.config.eval.samples_per_task,
+                             self.config.trainer.eval_max_tasks)
+
     def evaluate(self, tag: str) -> dict:
-        specs = episode_specs(self.domains, self.config.eval.splits, self.config.eval.samples_per_task,
-                              self.config.trainer.eval_max_tasks)
+        specs = self._eval_specs()
+        if why := nothing_to_evaluate(self.domains, self.config.eval.splits, specs):
+            raise NothingScored(f"evaluation {tag}: {why}")
         started = time.perf_counter()
         with progress_bar(len(specs), f"eval {tag}") as on_done:
             trajectories = self._rollout(specs, self.config.eval.temperature, seed=10_000 + self.step,
@@ -243,6 +258,10 @@ class Trainer:
         errored = all_errored(trajectories)
         if errored:  # before the update: an optimizer step on nothing would still decay the weights
             raise NothingScored(f"step {self.step}: nothing to train on: {errored}")
+        if self.config.agent.command and not any(sum(tr.loss_mask) for tr in trajectories):
+            raise NothingScored(f"step {self.step}: nothing to train on: the agent played {len(trajectories)} "
+                                "episode(s) without a chat-completion request to ctu's endpoint (OPENAI_BASE_URL): "
+                                "no token of the policy to train")
         rollout_s = time.perf_counter() - started
         excluded = [tr.stop_reason == "error" or g not in chosen for tr, g in zip(trajectories, groups, strict=True)]
         update_started = time.perf_counter()

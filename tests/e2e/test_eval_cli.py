@@ -118,3 +118,16 @@ def test_eval_on_banking_knowledge_gives_an_llm_user_the_tasks_own_tools(tmp_pat
     sent = json.loads(route.calls[0].request.content)
     assert [t["function"]["name"] for t in sent["tools"]] == ["apply_for_credit_card"]  # task_001's user_tools
     assert json.loads((run_dir / "report.json").read_text())["banking_knowledge"]["errored"] == 0
+
+
+def test_eval_with_nothing_to_evaluate_fails_in_one_line_before_any_model(tmp_path, capsys):
+    empty = tmp_path / "tasks.json"
+    empty.write_text("[]\n")
+    (tmp_path / "split_tasks.json").write_text('{"test": [], "train": []}\n')  # a tasks file whose splits are empty
+    for extra in (["eval.splits=[]"], [f"env.tasks.mini={empty}"]):
+        run_dir = tmp_path / f"run{len(extra[0])}"
+        assert main(["eval", "model.path=no-such-model", f"run.dir={run_dir}", *extra]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("ctu: error: nothing to evaluate: ") and err.count("\n") == 1, err
+        assert "mini" in err and "0 episodes" in err
+        assert not (run_dir / "report.json").exists()

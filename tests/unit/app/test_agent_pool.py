@@ -130,3 +130,12 @@ def test_what_an_agent_prints_or_plays_is_recorded_redacted(pool, tmp_path):
         if path.is_file():
             assert "sk-remembered-secret" not in path.read_text(), path
     assert "sk-remembered-secret" not in trajectory.error
+
+
+def test_an_agent_that_exits_0_without_playing_gives_an_errored_episode(pool, tmp_path):
+    (trajectory,) = pool(f"{sys.executable} -c \"print('done already')\"").run(
+        specs(), SamplingParams(max_tokens=32, seed=0), seed=0)
+    assert trajectory.stop_reason == "error" and trajectory.reward == 0.0
+    assert trajectory.error.startswith("the agent played nothing: it exited 0 without a chat-completion request")
+    log = tmp_path / "agent" / "logs" / "r0-e0.log"
+    assert str(log) in trajectory.error and "done already" in log.read_text()
