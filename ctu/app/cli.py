@@ -201,11 +201,13 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """GRPO/LoRA training; see configs/ for presets."""
+    from ctu.app.stop import StopSignals
     from ctu.app.trainer import Trainer
     from ctu.observe.report import before_after_table
 
     config = _load(args)
-    summary = Trainer(config).run()
+    with StopSignals() as stops:  # from here SIGINT/SIGTERM stop the run at its next safe point (exit 130/143)
+        summary = Trainer(config).run(stops)
     if "complete" in summary:  # a finished run resumed: its one line is all there is to say
         return 0
     print(before_after_table(config.run.dir))
@@ -374,9 +376,14 @@ def _main(argv: Sequence[str] | None, after_parse=None) -> int:
             raise
         print(redact(_one_line(str(exc.code))), file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if args.debug:
             raise
+        from ctu.app.stop import Interrupted
+
+        if isinstance(exc, Interrupted):  # stopped at a safe point by SIGINT or SIGTERM: 130 or 143
+            print(redact(_one_line(f"ctu: interrupted: {exc}")), file=sys.stderr)
+            return exc.status
         print("ctu: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:

@@ -10,6 +10,7 @@ import asyncio
 import random
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from ctu.app.evaluate import (
     write_report,
 )
 from ctu.app.resume import prepare_resume, recorded_final
+from ctu.app.stop import Interrupted, StopSignals
 from ctu.app.task_sampler import TaskSampler, task_weight  # noqa: F401 - task_weight: imported from here too
 from ctu.config.rundir import check_run_dir, mark_run_dir, overwrite_problem, remove_run
 from ctu.config.runlock import RunDirLock
@@ -255,6 +257,7 @@ class Trainer:
         started = time.perf_counter()
         trajectories, groups, rewards, chosen, draws = self.collect()
         release_memory()
+        self._safe_point(f"in step {self.step}, after its rollouts (nothing of the step was written)")
         errored = all_errored(trajectories)
         if errored:  # before the update: an optimizer step on nothing would still decay the weights
             raise NothingScored(f"step {self.step}: nothing to train on: {errored}")
@@ -350,15 +353,21 @@ class Trainer:
         self.sync_weights()
         return loss
 
-    def run(self) -> dict:
+    def run(self, stops: StopSignals | None = None) -> dict:
+        """The run; SIGINT and SIGTERM stop it at the next safe point (:mod:`ctu.app.stop`) with :class:`Interrupted`.
+        ``stops``: handlers the caller installed already (``ctu train`` does, before the model loads)."""
         if self.complete is not None:  # a finished run resumed: nothing new, no second final evaluation
             self.lock.release()
             print(self.complete)
             return {"complete": self.complete}
+        self.stops = StopSignals() if stops is None else stops
         try:
-            return self._run()
+            with self.stops if stops is None else nullcontext():
+                return self._run()
         except NothingScored as exc:  # every episode errored: stop, keeping what was written, and say how to go on
             raise NothingScored(f"{exc}; {self._kept()}") from None
+        except Interrupted as exc:
+            raise Interrupted(exc.signum, exc.where, self._kept(after="")) from None
         finally:
             try:
                 self.pool.close()  # Ray workers (and a cluster the pool started) go away with the run
@@ -366,12 +375,18 @@ class Trainer:
             finally:
                 self.lock.release()
 
-    def _kept(self) -> str:
+    def _kept(self, after: str = "after fixing the cause, ") -> str:
         """Where an interrupted run stands and how to continue it."""
         checkpoints = list_checkpoints(self.run_dir / "checkpoints")
         where = f"from checkpoint {checkpoints[-1].name}" if checkpoints else "from the start: no checkpoint yet"
-        return (f"what was written is kept in {self.run_dir}; after fixing the cause, continue with "
+        return (f"what was written is kept in {self.run_dir}; {after}continue with "
                 f"trainer.resume=latest ({where})")
+
+    def _safe_point(self, where: str) -> None:
+        """Stop here if SIGINT or SIGTERM came (:meth:`run` installs the handlers; none outside it)."""
+        stops = getattr(self, "stops", None)
+        if stops is not None:
+            stops.check(where)
 
     def _run(self) -> dict:
         cfg, t = self.config, self.config.trainer
@@ -393,6 +408,7 @@ class Trainer:
         with Tracker(self.run_dir, config=to_dict(cfg), wandb_enabled=cfg.wandb.enabled and cfg.wandb.mode != "disabled",
                      wandb_project=cfg.wandb.project, wandb_mode=cfg.wandb.mode, run_name=name,
                      resume_step=self.step) as tracker:
+            self._safe_point("before training")
             if resume_from is None:
                 if t.eval_before_train:  # the base model, before any warm start
                     summary["before"] = self.evaluate("step_0")
@@ -406,6 +422,7 @@ class Trainer:
                         summary["after_sft"] = self.evaluate("after_sft")
             with tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True) as bar:
                 while self.step < t.max_steps:
+                    self._safe_point(f"before step {self.step + 1}")
                     self.step += 1
                     out = self.train_step()
                     metrics, failed = out["metrics"], None
@@ -424,6 +441,7 @@ class Trainer:
                     bar.update()
                     if failed is not None:
                         raise failed
+            self._safe_point("before the final evaluation")
             final = recorded_final(self.run_dir, self.step)  # resumed at the end (to export): evaluated already
             summary["after"] = self.evaluate(f"step_{self.step}") if final is None else final
             if t.export:
