@@ -261,10 +261,6 @@ class Trainer:
         errored = all_errored(trajectories)
         if errored:  # before the update: an optimizer step on nothing would still decay the weights
             raise NothingScored(f"step {self.step}: nothing to train on: {errored}")
-        if self.config.agent.command and not any(sum(tr.loss_mask) for tr in trajectories):
-            raise NothingScored(f"step {self.step}: nothing to train on: the agent played {len(trajectories)} "
-                                "episode(s) without a chat-completion request to ctu's endpoint (OPENAI_BASE_URL): "
-                                "no token of the policy to train")
         rollout_s = time.perf_counter() - started
         excluded = [tr.stop_reason == "error" or g not in chosen for tr, g in zip(trajectories, groups, strict=True)]
         update_started = time.perf_counter()

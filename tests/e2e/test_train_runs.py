@@ -262,20 +262,3 @@ def test_a_step_whose_agent_played_nothing_is_an_error(tmp_path):
                                             r"the agent played nothing"):
         trainer.run()
 
-
-def test_a_step_whose_agent_never_asked_the_policy_is_an_error(tmp_path):
-    """The agent plays a turn through the environment only (no chat completion): scored, but nothing to train."""
-    import sys
-
-    from ctu.app.evaluate import NothingScored
-
-    script = tmp_path / "talker.py"
-    script.write_text("import json, os, urllib.request\n"
-                      "request = urllib.request.Request(os.environ['CTU_ENV_URL'] + '/user', method='POST',\n"
-                      "    data=json.dumps({'content': 'Anything else?'}).encode(), headers={'content-type': 'application/json'})\n"
-                      "urllib.request.urlopen(request, timeout=60).read()\n")
-    trainer = Trainer(config(tmp_path / "run", "trainer.max_steps=1", f"agent.command={sys.executable} {script}",
-                             "agent.concurrency=2"))
-    with pytest.raises(NothingScored, match=r"step 1: nothing to train on: the agent played 4 episode\(s\) without a "
-                                            r"chat-completion request"):
-        trainer.run()
