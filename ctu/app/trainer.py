@@ -93,8 +93,8 @@ class Trainer:
             check_fits(config, None, hardware[1])  # the run's GPUs (one in process), not all visible ones
         check_run_dir(config.run.dir)  # a folder of its own: never the current one, a home or someone else's files
         self.lock = RunDirLock(config.run.dir).acquire()  # one writer per run.dir, held until run() ends
-        mark_run_dir(config.run.dir)  # a new or empty folder is ctu's (run.overwrite deletes only in such a folder)
         try:
+            mark_run_dir(config.run.dir)  # a new or empty folder is ctu's (run.overwrite deletes only in such a one)
             self.complete = prepare_resume(config)  # a resumed run's records repaired or refused; None: go on
             if self.complete is None:
                 self._setup(config)
