@@ -50,13 +50,15 @@ def test_a_signal_at_a_random_moment_always_stops_the_loop_at_a_safe_point(trial
     signum = rng.choice([signal.SIGINT, signal.SIGTERM])
     steps, safe_points = 12, []
     delay = rng.uniform(0.0, 0.08)
-    threading.Timer(delay, os.kill, (os.getpid(), signum)).start()
+    timer = threading.Timer(delay, os.kill, (os.getpid(), signum))
+    timer.start()
     with pytest.raises(Interrupted) as caught, StopSignals() as stops:
         for step in range(1, steps + 1):
             stops.check(f"step {step}")
             busy_step(rng)  # a phase: never cut in the middle
             safe_points.append(step)
-        time.sleep(0.5)  # the timer fires before the loop could end unnoticed
+        timer.join()  # the signal is sent while the handlers are in place, however late the timer runs
+        time.sleep(0.05)
         stops.check("the end")
     assert caught.value.signum == signum and caught.value.status == exit_status(signum)
     assert len(safe_points) < steps or caught.value.where == "the end"
