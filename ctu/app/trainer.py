@@ -359,7 +359,9 @@ class Trainer:
         self.stops = StopSignals() if stops is None else stops
         try:
             with self.stops if stops is None else nullcontext():
-                return self._run()
+                summary = self._run()
+                self._safe_point("at the end, the run complete")  # a signal is never ignored: exit 130/143 still
+                return summary
         except NothingScored as exc:  # every episode errored: stop, keeping what was written, and say how to go on
             raise NothingScored(f"{exc}; {self._kept()}") from None
         except Interrupted as exc:
@@ -415,6 +417,7 @@ class Trainer:
                     print(f"supervised warm start: {t.sft_steps} steps in {summary['sft']['seconds']:.0f}s, "
                           f"final loss {sft:.3f}, peak RSS so far {peak_rss_gib():.2f} GiB")
                     if t.eval_before_train:
+                        self._safe_point("after the warm start, before its evaluation")
                         summary["after_sft"] = self.evaluate("after_sft")
             with tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True) as bar:
                 while self.step < t.max_steps:
@@ -441,6 +444,7 @@ class Trainer:
             final = recorded_final(self.run_dir, self.step)  # resumed at the end (to export): evaluated already
             summary["after"] = self.evaluate(f"step_{self.step}") if final is None else final
             if t.export:
+                self._safe_point("after the final evaluation, before the export")
                 summary["export"] = self.group.export(self.run_dir / "export", cfg.model.path)
                 print(f"exported: {summary['export']}")
         from ctu.observe.report import draw_curves
