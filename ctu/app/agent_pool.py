@@ -25,12 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctu.app.agent_proxy import AgentProxy
+from ctu.config.redact import redact, redact_data
 from ctu.distributed.pool import LocalPool, NamedTensors, limits_of
 from ctu.engines.base import Engine, SamplingParams
 from ctu.rollout.external import ExternalEpisodes
 from ctu.rollout.loop import EpisodeSpec, RolloutLimits, Trajectory
 
 API_KEY = "ctu-local"  # the proxy checks no key; the OpenAI SDK wants one
+# what an agent process gets of ctu's environment (docs/agents.md): nothing else, so no API key ctu holds
+# (``*.api_key_env``) reaches the agent, its logs or its episodes; ``agent.pass_env`` names more
+BASE_VARIABLES = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
+                  "PYTHONPATH", "VIRTUAL_ENV")
+AGENT_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "CTU_EPISODE_ID", "CTU_ENV_URL", "CTU_MODEL", "CTU_DOMAIN",
+                   "CTU_TASK_ID")
 
 
 @dataclass
@@ -65,16 +72,32 @@ class AgentRun:
 
 
 def last_line(path: Path, limit: int = 300) -> str:
-    """The last non-empty line of a log (the agent's error, normally), cut to ``limit`` characters."""
+    """The last non-empty line of a log (the agent's error, normally), redacted and cut to ``limit`` characters."""
     try:
         lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return "no output"
-    return lines[-1][:limit] if lines else "no output"
+    return redact(lines[-1])[:limit] if lines else "no output"
+
+
+def base_environment(pass_env: Sequence[str] = (), environ=None) -> dict[str, str]:
+    """What an agent process gets of ctu's environment: :data:`BASE_VARIABLES` and the names ``pass_env`` gives."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in (*BASE_VARIABLES, *pass_env) if name in environ}
+
+
+def redact_file(path: Path) -> None:
+    """Rewrite a text file through :func:`~ctu.config.redact.redact` (an agent's kept log)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return
+    if redact(text) != text:
+        path.write_text(redact(text))
 
 
 def agent_environment(proxy: AgentProxy, episode_id: str, spec: EpisodeSpec) -> dict[str, str]:
-    """What the agent process is told (on top of ctu's own environment)."""
+    """What the agent process is told of its episode (:data:`AGENT_VARIABLES`, on top of :func:`base_environment`)."""
     return {"OPENAI_BASE_URL": proxy.base_url, "OPENAI_API_KEY": API_KEY, "CTU_EPISODE_ID": episode_id,
             "CTU_ENV_URL": proxy.env_url(episode_id), "CTU_MODEL": proxy.episodes.model_name,
             "CTU_DOMAIN": spec.domain.name, "CTU_TASK_ID": spec.task.id}
@@ -86,11 +109,13 @@ class AgentPool(LocalPool):
     episodes_in_process = False  # the agent plays them: an asynchronous producer hands it whole groups
 
     def __init__(self, engine: Engine, chat, user, limits: RolloutLimits, *, command: str, run_dir: str | Path,
-                 concurrency: int = 8, timeout_s: float = 600.0, judge=None, max_batch_size: int = 64):
+                 concurrency: int = 8, timeout_s: float = 600.0, judge=None, max_batch_size: int = 64,
+                 pass_env: Sequence[str] = ()):
         super().__init__(engine, chat, user, limits, judge=judge, concurrency=concurrency,
                          max_batch_size=max_batch_size)
         self.command = shlex.split(command)
         self.timeout_s = timeout_s
+        self.pass_env = tuple(pass_env)
         self.dir = Path(run_dir) / "agent"
         self.episodes = ExternalEpisodes(chat, engine, user, limits, max_batch_size=max_batch_size)
         self.proxy = AgentProxy(self.episodes).start()
@@ -103,7 +128,7 @@ class AgentPool(LocalPool):
         a = config.agent
         return cls(engine, chat, user, limits_of(config), command=a.command, run_dir=config.run.dir,
                    concurrency=a.concurrency, timeout_s=a.timeout_s, judge=judge,
-                   max_batch_size=config.engine.max_batch_size)
+                   max_batch_size=config.engine.max_batch_size, pass_env=a.pass_env)
 
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int,
             judge_enabled: bool = False, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
@@ -149,7 +174,8 @@ class AgentPool(LocalPool):
             try:
                 process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log,
                                            stderr=subprocess.STDOUT, start_new_session=True,
-                                           env={**os.environ, **agent_environment(self.proxy, episode_id, spec)})
+                                           env={**base_environment(self.pass_env),
+                                                **agent_environment(self.proxy, episode_id, spec)})
             except OSError as exc:
                 self.proxy.call(self.episodes.finish(episode_id, "not started"))
                 raise OSError(f"agent.command: cannot start {self.command[0]!r}: {exc}") from None
@@ -158,15 +184,19 @@ class AgentPool(LocalPool):
     def _finish(self, agent: AgentRun, error: str | None, judge, call: int) -> Trajectory:
         agent_s = time.monotonic() - agent.started
         trajectory = self.proxy.call(self.episodes.finish(agent.episode_id, error, judge, agent_s))
-        if error is None:
-            agent.log_path.unlink(missing_ok=True)  # kept only where the agent failed
+        if trajectory.stop_reason != "error":
+            agent.log_path.unlink(missing_ok=True)  # kept only where the episode errored
+        else:  # kept redacted: what the agent printed goes through the same redaction as ctu's own output
+            redact_file(agent.log_path)
+            if error is None and trajectory.error and str(agent.log_path) not in trajectory.error:
+                trajectory.error = f"{trajectory.error}; output in {agent.log_path}"
         row = {"call": call, "episode_id": agent.episode_id, **trajectory.to_json(with_tokens=True),
                "logprobs": trajectory.logprobs, "token_versions": trajectory.token_versions,
                "extra_samples": [s.to_json() for s in trajectory.extra_samples]}
-        if error is not None:
+        if trajectory.stop_reason == "error":
             row["log"] = str(agent.log_path)
         with self._write, (self.dir / "episodes.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(redact_data(row)) + "\n")
         return trajectory
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:

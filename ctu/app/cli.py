@@ -119,24 +119,29 @@ def _load(args: argparse.Namespace):
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """k samples per task over the configured domains and splits; reports into run.dir."""
+    from ctu.config.rundir import check_run_dir, mark_run_dir
     from ctu.config.runlock import RunDirLock
 
     config = _load(args)
+    check_run_dir(config.run.dir)  # a folder of its own: never the current one, a home or someone else's files
     with RunDirLock(config.run.dir):  # one writer per run.dir (a live train or eval there refuses this one)
+        mark_run_dir(config.run.dir)
         return _evaluate(config)
 
 
 def _evaluate(config) -> int:
     import asyncio
 
-    from ctu.app.evaluate import all_errored, episode_specs, progress_bar, write_report
+    from ctu.app.evaluate import all_errored, episode_specs, nothing_to_evaluate, progress_bar, write_report
     from ctu.config.schema import save_config
     from ctu.rollout import components as build
     from ctu.rollout.loop import RolloutLimits, rollout, warn_prompt_budget
 
-    save_config(config, f"{config.run.dir}/config.yaml")
     domains = build.build_domains(config)
     specs = episode_specs(domains, config.eval.splits, config.eval.samples_per_task, config.eval.max_tasks)
+    if why := nothing_to_evaluate(domains, config.eval.splits, specs):  # before any model, and nothing written
+        raise SystemExit(_one_line(f"ctu: error: {why}"))
+    save_config(config, f"{config.run.dir}/config.yaml")
     user, judge = build.build_user(config), build.build_judge(config)  # a missing API key fails before the model loads
     chat = build.build_chat(config)
     warn_prompt_budget(chat, domains, config.env.max_context_tokens)
@@ -196,11 +201,13 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """GRPO/LoRA training; see configs/ for presets."""
+    from ctu.app.stop import StopSignals
     from ctu.app.trainer import Trainer
     from ctu.observe.report import before_after_table
 
     config = _load(args)
-    summary = Trainer(config).run()
+    with StopSignals() as stops:  # from here SIGINT/SIGTERM stop the run at its next safe point (exit 130/143)
+        summary = Trainer(config).run(stops)
     if "complete" in summary:  # a finished run resumed: its one line is all there is to say
         return 0
     print(before_after_table(config.run.dir))
@@ -369,9 +376,14 @@ def _main(argv: Sequence[str] | None, after_parse=None) -> int:
             raise
         print(redact(_one_line(str(exc.code))), file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if args.debug:
             raise
+        from ctu.app.stop import Interrupted
+
+        if isinstance(exc, Interrupted):  # stopped at a safe point by SIGINT or SIGTERM: 130 or 143
+            print(redact(_one_line(f"ctu: interrupted: {exc}")), file=sys.stderr)
+            return exc.status
         print("ctu: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:

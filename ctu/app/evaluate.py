@@ -51,6 +51,17 @@ def episode_specs(domains: Sequence[Domain], splits: Sequence[str], samples: int
     return specs
 
 
+def nothing_to_evaluate(domains: Sequence[Domain], splits: Sequence[str], specs: Sequence[EpisodeSpec]) -> str | None:
+    """Why an evaluation of no episode is refused (a success rate over 0 episodes measures nothing), in one line
+    naming the splits and what each domain holds; None when there are episodes."""
+    if specs:
+        return None
+    held = "; ".join(f"{d.name}: " + (", ".join(f"{split} {len(d.split(split))} tasks" for split in splits) or "no split")
+                     for d in domains)
+    return (f"nothing to evaluate: eval.splits=[{', '.join(splits)}] gives 0 episodes ({held}); name splits that "
+            "hold tasks, or give tasks (env.tasks)")
+
+
 @contextmanager
 def progress_bar(total: int, desc: str = "eval") -> Iterator:
     """A console bar over ``total`` episodes with the running success rate; yields the per-episode callback

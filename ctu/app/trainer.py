@@ -10,15 +10,26 @@ import asyncio
 import random
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from ctu.app.async_loop import AsyncRollouts
-from ctu.app.evaluate import PHASE_WORDS, NothingScored, all_errored, episode_specs, progress_bar, write_report
+from ctu.app.evaluate import (
+    PHASE_WORDS,
+    NothingScored,
+    all_errored,
+    episode_specs,
+    nothing_to_evaluate,
+    progress_bar,
+    write_report,
+)
 from ctu.app.resume import prepare_resume, recorded_final
+from ctu.app.stop import Interrupted, StopSignals
 from ctu.app.task_sampler import TaskSampler, task_weight  # noqa: F401 - task_weight: imported from here too
+from ctu.config.rundir import check_run_dir, mark_run_dir, overwrite_problem, remove_run
 from ctu.config.runlock import RunDirLock
 from ctu.config.schema import Config, ConfigError, save_config, to_dict, training_problems
 from ctu.distributed.group import LocalTrainer, TrainerGroup, sft_batches
@@ -48,7 +59,8 @@ class TrainingRewards:
 
 
 def prepare_run_dir(config: Config) -> None:
-    """Refuse a ``run.dir`` that holds another run, unless told to resume it or to overwrite it."""
+    """Refuse a ``run.dir`` that holds another run, unless told to resume it or to overwrite it (which deletes what
+    a run wrote there, and only in a folder ctu created: :mod:`ctu.config.rundir`)."""
     run_dir = Path(config.run.dir)
     found = previous_run(run_dir)
     if found is None or config.trainer.resume is not None:
@@ -56,11 +68,9 @@ def prepare_run_dir(config: Config) -> None:
     if not config.run.overwrite:
         raise ConfigError(f"run.dir: {run_dir} holds another run ({found}); continue it with trainer.resume=latest, "
                           "replace it with run.overwrite=true, or choose another run.dir")
-    import shutil
-
-    for name in ("checkpoints", "eval", "examples", "export"):
-        shutil.rmtree(run_dir / name, ignore_errors=True)
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    if (problem := overwrite_problem(run_dir)) is not None:  # only in a folder ctu created, only what a run wrote
+        raise ConfigError(problem)
+    remove_run(run_dir)
 
 
 def build_trainer_group(config) -> TrainerGroup:
@@ -81,8 +91,10 @@ class Trainer:
         hardware = cuda_hardware()
         if hardware is not None:  # on CUDA: refuse what cannot fit before loading anything
             check_fits(config, None, hardware[1])  # the run's GPUs (one in process), not all visible ones
+        check_run_dir(config.run.dir)  # a folder of its own: never the current one, a home or someone else's files
         self.lock = RunDirLock(config.run.dir).acquire()  # one writer per run.dir, held until run() ends
         try:
+            mark_run_dir(config.run.dir)  # a new or empty folder is ctu's (run.overwrite deletes only in such a one)
             self.complete = prepare_resume(config)  # a resumed run's records repaired or refused; None: go on
             if self.complete is None:
                 self._setup(config)
@@ -97,6 +109,8 @@ class Trainer:
         random.seed(config.run.seed)
         preflight(config)  # Ray set-ups that cannot work fail here, before any model is loaded
         self.domains = build.build_domains(config)  # task keys that match nothing fail before the model loads
+        if why := nothing_to_evaluate(self.domains, config.eval.splits, self._eval_specs()):
+            raise ConfigError(why)  # a success rate over 0 episodes: refused before any model
         self.demos = prepared_samples(config, self.domains)  # bad warm-start data: before any model or eval
         prepare_run_dir(config)  # after every check: a refused run leaves run.dir as it was
         self.sampler = TaskSampler(self.domains, [config.env.weights.get(n, 1.0) for n in config.env.domains],
@@ -160,9 +174,14 @@ class Trainer:
         params = replace(build.sampling_params(self.config, temperature), seed=seed)
         return self.pool.run(specs, params, seed, judge_enabled=judge is not None, on_done=on_done)
 
+    def _eval_specs(self) -> list[EpisodeSpec]:
+        return episode_specs(self.domains, self.config.eval.splits, self.config.eval.samples_per_task,
+                             self.config.trainer.eval_max_tasks)
+
     def evaluate(self, tag: str) -> dict:
-        specs = episode_specs(self.domains, self.config.eval.splits, self.config.eval.samples_per_task,
-                              self.config.trainer.eval_max_tasks)
+        specs = self._eval_specs()
+        if why := nothing_to_evaluate(self.domains, self.config.eval.splits, specs):
+            raise NothingScored(f"evaluation {tag}: {why}")
         started = time.perf_counter()
         with progress_bar(len(specs), f"eval {tag}") as on_done:
             trajectories = self._rollout(specs, self.config.eval.temperature, seed=10_000 + self.step,
@@ -246,6 +265,7 @@ class Trainer:
         started = time.perf_counter()
         trajectories, groups, rewards, chosen, draws = self.collect()
         release_memory()
+        self._safe_point(f"in step {self.step}, after its rollouts (nothing of the step was written)")
         errored = all_errored(trajectories)
         if errored:  # before the update: an optimizer step on nothing would still decay the weights
             raise NothingScored(f"step {self.step}: nothing to train on: {errored}")
@@ -339,15 +359,23 @@ class Trainer:
         self.sync_weights()
         return loss
 
-    def run(self) -> dict:
+    def run(self, stops: StopSignals | None = None) -> dict:
+        """The run; SIGINT and SIGTERM stop it at the next safe point (:mod:`ctu.app.stop`) with :class:`Interrupted`.
+        ``stops``: handlers the caller installed already (``ctu train`` does, before the model loads)."""
         if self.complete is not None:  # a finished run resumed: nothing new, no second final evaluation
             self.lock.release()
             print(self.complete)
             return {"complete": self.complete}
+        self.stops = StopSignals() if stops is None else stops
         try:
-            return self._run()
+            with self.stops if stops is None else nullcontext():
+                summary = self._run()
+                self._safe_point("at the end, the run complete")  # a signal is never ignored: exit 130/143 still
+                return summary
         except NothingScored as exc:  # every episode errored: stop, keeping what was written, and say how to go on
             raise NothingScored(f"{exc}; {self._kept()}") from None
+        except Interrupted as exc:
+            raise Interrupted(exc.signum, exc.where, self._kept(after="")) from None
         finally:
             try:
                 self.pool.close()  # Ray workers (and a cluster the pool started) go away with the run
@@ -355,12 +383,18 @@ class Trainer:
             finally:
                 self.lock.release()
 
-    def _kept(self) -> str:
+    def _kept(self, after: str = "after fixing the cause, ") -> str:
         """Where an interrupted run stands and how to continue it."""
         checkpoints = list_checkpoints(self.run_dir / "checkpoints")
         where = f"from checkpoint {checkpoints[-1].name}" if checkpoints else "from the start: no checkpoint yet"
-        return (f"what was written is kept in {self.run_dir}; after fixing the cause, continue with "
+        return (f"what was written is kept in {self.run_dir}; {after}continue with "
                 f"trainer.resume=latest ({where})")
+
+    def _safe_point(self, where: str) -> None:
+        """Stop here if SIGINT or SIGTERM came (:meth:`run` installs the handlers; none outside it)."""
+        stops = getattr(self, "stops", None)
+        if stops is not None:
+            stops.check(where)
 
     def _run(self) -> dict:
         cfg, t = self.config, self.config.trainer
@@ -384,6 +418,7 @@ class Trainer:
         with Tracker(self.run_dir, config=to_dict(cfg), wandb_enabled=cfg.wandb.enabled and cfg.wandb.mode != "disabled",
                      wandb_project=cfg.wandb.project, wandb_mode=cfg.wandb.mode, run_name=name,
                      resume_step=self.step) as tracker:
+            self._safe_point("before training")
             if resume_from is None:
                 if t.eval_before_train:  # the base model, before any warm start
                     summary["before"] = self.evaluate("step_0")
@@ -394,9 +429,11 @@ class Trainer:
                     print(f"supervised warm start: {t.sft_steps} steps in {summary['sft']['seconds']:.0f}s, "
                           f"final loss {sft:.3f}, peak RSS so far {peak_rss_gib():.2f} GiB")
                     if t.eval_before_train:
+                        self._safe_point("after the warm start, before its evaluation")
                         summary["after_sft"] = self.evaluate("after_sft")
             with tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True) as bar:
                 while self.step < t.max_steps:
+                    self._safe_point(f"before step {self.step + 1}")
                     self.step += 1
                     out = self.train_step()
                     metrics, failed = out["metrics"], None
@@ -415,9 +452,11 @@ class Trainer:
                     bar.update()
                     if failed is not None:
                         raise failed
+            self._safe_point("before the final evaluation")
             final = recorded_final(self.run_dir, self.step)  # resumed at the end (to export): evaluated already
             summary["after"] = self.evaluate(f"step_{self.step}") if final is None else final
             if t.export:
+                self._safe_point("after the final evaluation, before the export")
                 summary["export"] = self.group.export(self.run_dir / "export", cfg.model.path)
                 print(f"exported: {summary['export']}")
         from ctu.observe.report import draw_curves

@@ -242,6 +242,7 @@ class AgentConfig:
     command: str | None = None  # run once per episode, e.g. "python examples/byo_agent/agent.py"; null: ctu's loop
     concurrency: int = 8  # agent processes at once
     timeout_s: float = 600.0  # per episode: an agent still running then is stopped and its episode errored
+    pass_env: list[str] = field(default_factory=list)  # more of ctu's environment variables the agent gets
 
 
 @dataclass

@@ -3,8 +3,9 @@
 It replaces with ``<redacted>``:
 
 - every secret registered with :func:`remember` or :func:`remember_in` (API keys read from the environment, the
-  passwords and secret query values of the config's URLs when it is loaded), its percent-decoded form and its
-  pieces between URL delimiters, each of at least 4 characters;
+  passwords and secret query values of the config's URLs when it is loaded) as a whole, percent-decoded and
+  percent-encoded, of at least 4 characters; its pieces only where a URL parser would split it (a raw ``/``, ``?``,
+  ``#``, ``@`` or whitespace in a password: a URL the config refuses);
 - the userinfo of a URL with a scheme: everything between ``://`` and the last ``@`` before whitespace, whatever
   characters it holds (``https://user:s3cr/etPW@host`` -> ``https://<redacted>@host``);
 - the userinfo of a URL without a scheme (``user:secret@localhost:1/v1``) when it holds a ``:`` or the host is
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 REDACTED = "<redacted>"
 MIN_REMEMBERED = 4  # shorter values cannot be told from ordinary text: they are redacted by shape only
@@ -48,12 +49,21 @@ def is_secret_key(name: str) -> bool:
 
 
 def _forms(secret: str) -> set[str]:
-    """A secret, its percent-decoded form and their pieces between URL delimiters (what a URL parser that split it
-    in the wrong place quotes back: ``Invalid port: 's3cr'`` for ``https://user:s3cr/etPW@host``)."""
-    forms = {secret, unquote(secret)}
-    for form in list(forms):
-        forms.update(re.split(r"[\s/?#@:;&=]+", form))
+    """A secret as a whole: as given, percent-decoded, and percent-encoded (upper- and lower-case hex), never its
+    pieces (a password ``Xy%2Fmini%2Ftest`` must not take every "mini" and "test" of the records with it)."""
+    decoded = unquote(secret)
+    encoded = quote(decoded, safe="")
+    forms = {secret, decoded, encoded, re.sub(r"%[0-9A-F]{2}", lambda m: m[0].lower(), encoded)}
     return {form for form in forms if len(form) >= MIN_REMEMBERED}
+
+
+def _parser_pieces(password: str) -> list[str]:
+    """The pieces a URL parser quotes back from a password holding a raw ``/``, ``?``, ``#``, ``@`` or whitespace (it
+    splits the URL there: ``Invalid port: 's3cr'`` for ``https://user:s3cr/etPW@host``); none for a well-formed one,
+    whose delimiters are percent-encoded. The config refuses such URLs; a client built in code may still get one."""
+    if not re.search(r"[\s/?#@]", password):
+        return []
+    return [piece for piece in re.split(r"[\s/?#@:]+", password) if piece]
 
 
 def remember(*secrets: str | None) -> None:
@@ -80,12 +90,12 @@ def _spans(text: str, found: list[str]) -> list[tuple[int, int]]:
     if "@" in text:
         for m in _WITH_SCHEME.finditer(text):
             spans.append(m.span("userinfo"))
-            found.append(_secret_of(m["userinfo"]))
+            found += [_secret_of(m["userinfo"]), *_parser_pieces(_secret_of(m["userinfo"]))]
         for m in _WITHOUT_SCHEME.finditer(text):
             userinfo = m["userinfo"]
             if not _SCHEME.match(userinfo) and (":" in userinfo or m["port"] or m["path"]):
                 spans.append(m.span("userinfo"))
-                found.append(_secret_of(userinfo))
+                found += [_secret_of(userinfo), *_parser_pieces(_secret_of(userinfo))]
     if "=" in text:
         for m in _PAIR.finditer(text):
             if m["value"] != REDACTED and is_secret_key(m["key"]):

@@ -252,4 +252,7 @@ def stop_of(state: ExternalEpisode, agent_error: str | None) -> tuple[str, str |
         return "max_turns", None
     if state.stopped is not None and not env.done:
         return state.stopped, None
+    if not (state.records or env.turns or env.done or state.stopped):  # left unplayed: errored, never a reward of 0
+        return "error", ("the agent played nothing: it exited 0 without a chat-completion request to ctu's endpoint "
+                         "(OPENAI_BASE_URL) or a turn of the episode, which was not over")
     return "done", None

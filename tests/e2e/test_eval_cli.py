@@ -136,3 +136,16 @@ def test_eval_with_a_user_server_replying_malformed_json_errors_episodes_not_the
     (line,) = [x for x in err.splitlines() if x.startswith("ctu: error:")]
     assert "failed after 2 attempts" in line and "malformed reply (not JSON" in line and """'{"choices": [{bad'""" in line
     assert "http://sim.test/v1?sig=<redacted>" in line and "qs-secret-2718" not in err
+
+
+def test_eval_with_nothing_to_evaluate_fails_in_one_line_before_any_model(tmp_path, capsys):
+    empty = tmp_path / "tasks.json"
+    empty.write_text("[]\n")
+    (tmp_path / "split_tasks.json").write_text('{"test": [], "train": []}\n')  # a tasks file whose splits are empty
+    for extra in (["eval.splits=[]"], [f"env.tasks.mini={empty}"]):
+        run_dir = tmp_path / f"run{len(extra[0])}"
+        assert main(["eval", "model.path=no-such-model", f"run.dir={run_dir}", *extra]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("ctu: error: nothing to evaluate: ") and err.count("\n") == 1, err
+        assert "mini" in err and "0 episodes" in err
+        assert not (run_dir / "report.json").exists()

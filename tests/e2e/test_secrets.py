@@ -1,7 +1,9 @@
 """`ctu train` given credentials in every URL-valued config key at once, and an API key in the environment, writes
 none of them anywhere: not in a file under run.dir (W&B's offline run included: what `wandb sync` would upload), not
 on stdout or stderr, not in what it leaves in HOME or TMPDIR. The credentials are drawn by hypothesis; the user
-simulator and the shaping judge are real local HTTP servers that answer, so the run does every step."""
+simulator and the shaping judge are real local HTTP servers that answer, so the run does every step. The episodes are
+played by an agent of one's own (agent.command) that prints its whole environment and writes it to HOME: the agent
+gets no key ctu holds, so neither its kept log nor agent/episodes.jsonl holds one."""
 
 import json
 import os
@@ -62,12 +64,14 @@ def test_a_train_run_writes_no_secret_anywhere(tmp_path_factory, drawn, keys, se
             "model.path=tiny-random", f"run.dir={run_dir}", "trainer.max_steps=1", "trainer.tasks_per_step=1",
             "trainer.samples_per_task=2", "trainer.sft_steps=0", "trainer.eval_max_tasks=1",
             "trainer.eval_before_train=false", "sampling.max_tokens=4", "env.max_turns=1", "wandb.enabled=true",
-            "user.kind=llm", "user.max_retries=0", f"user.base_url={url(user.base_url, 0, 0, 1)}",
+            "user.kind=llm", "user.max_retries=0", "user.api_key_env=MYUSERKEY", "shaping.api_key_env=MYUSERKEY",
+            f"agent.command={sys.executable} {ROOT / 'tests' / 'fakes' / 'env_agent.py'}", "agent.concurrency=1", f"user.base_url={url(user.base_url, 0, 0, 1)}",
             "shaping.enabled=true", "shaping.max_retries=0", f"shaping.base_url={url(shaping.base_url, 1, 2, 3)}",
             f"judge.base_url=https://{pw[2]}@judge.invalid/v1?{keys[4]}={pw[7]}",  # not called: recorded only
         ]
         env = {**os.environ, "WANDB_MODE": "offline", "HOME": str(home), "TMPDIR": str(tmpdir),
-               "CTU_CACHE_DIR": str(cache_dir()), "OPENAI_API_KEY": f"sk-{drawn[8][0]}{pw[8]}"}
+               "CTU_CACHE_DIR": str(cache_dir()), "OPENAI_API_KEY": f"sk-{drawn[8][0]}{pw[8]}",
+               "MYUSERKEY": f"sk-{drawn[8][0]}{pw[8]}"}
         done = subprocess.run([sys.executable, "-m", "ctu", "train", *overrides], cwd=ROOT, env=env,
                               capture_output=True, timeout=600)
         assert user.requests and shaping.requests  # the URLs were used, not only recorded
@@ -77,6 +81,8 @@ def test_a_train_run_writes_no_secret_anywhere(tmp_path_factory, drawn, keys, se
     files = [p for root in (run_dir, home, tmpdir) for p in root.rglob("*") if p.is_file()]
     assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb")) and (run_dir / "config.yaml").is_file()
     assert (run_dir / "eval" / "step_1" / "trajectories.jsonl").is_file()
+    assert (run_dir / "agent" / "logs" / "r0-e1.log").is_file() and (run_dir / "agent" / "episodes.jsonl").is_file()
+    assert list(home.glob("agent-env-*.json"))  # the agents ran and wrote what they were given
     leaks = [f"{p}: {hits(p.read_bytes(), markers)}" for p in files if hits(p.read_bytes(), markers)]
     leaks += [f"stdout/stderr: {hits(log, markers)}"] if hits(log, markers) else []
     assert leaks == [], leaks

@@ -243,3 +243,22 @@ def test_sft_replay_adds_gold_demos_to_each_update_as_successful_episodes(tmp_pa
         assert metrics["train"]["grad_norm"] > 0 and metrics["train"]["trained_tokens"] > 0
     else:
         assert metrics["train"]["grad_norm"] == 0
+
+
+def test_a_run_whose_evaluation_has_no_task_is_refused_before_any_model(tmp_path, monkeypatch):
+    no_model_load(monkeypatch)
+    with pytest.raises(ConfigError, match=r"nothing to evaluate: .*eval\.splits=\[\].* 0 episodes"):
+        Trainer(config(tmp_path / "run", "eval.splits=[]"))
+
+
+def test_a_step_whose_agent_played_nothing_is_an_error(tmp_path):
+    import sys
+
+    from ctu.app.evaluate import NothingScored
+
+    trainer = Trainer(config(tmp_path / "run", "trainer.max_steps=1", f"agent.command={sys.executable} -c pass",
+                             "agent.concurrency=2"))
+    with pytest.raises(NothingScored, match=r"step 1: nothing to train on: all 4 episode\(s\) errored \(first error: "
+                                            r"the agent played nothing"):
+        trainer.run()
+

@@ -96,3 +96,46 @@ def test_agent_settings_are_checked_naming_the_key(override, message):
         load_config(None, [override])
     with pytest.raises(ConfigError, match="set distributed.rollout_workers=0"):
         load_config(None, ["agent.command=python agent.py", "distributed.rollout_workers=1"])
+
+
+def test_an_agent_gets_only_the_documented_variables_and_no_secret(pool, tmp_path, monkeypatch):
+    from ctu.app.agent_pool import AGENT_VARIABLES, BASE_VARIABLES
+
+    monkeypatch.setenv("MYUSERKEY", "sk-user-simulator-key")  # user.api_key_env=MYUSERKEY: ctu's, not the agent's
+    monkeypatch.setenv("AGENT_TOOL_TOKEN", "the-agent-s-own")  # passed because agent.pass_env names it
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    dump = tmp_path / "env.py"
+    dump.write_text("import json, os, sys\nprint(json.dumps(dict(os.environ)))\nsys.exit(1)\n")
+    made = pool(f"{sys.executable} {dump}")
+    made.pass_env = ("AGENT_TOOL_TOKEN",)
+    (trajectory,) = made.run(specs(), SamplingParams(max_tokens=32, seed=0), seed=0)
+    seen = json.loads((tmp_path / "agent" / "logs" / "r0-e0.log").read_text().splitlines()[0])
+    assert "MYUSERKEY" not in seen and "sk-user-simulator-key" not in json.dumps(seen)
+    assert set(seen) - {"AGENT_TOOL_TOKEN"} <= set(BASE_VARIABLES) | set(AGENT_VARIABLES) | {"PWD", "SHLVL", "_"}
+    assert seen["AGENT_TOOL_TOKEN"] == "the-agent-s-own" and seen["LANG"] == "C.UTF-8"
+    assert seen["CTU_EPISODE_ID"] == "r0-e0" and seen["OPENAI_API_KEY"] == "ctu-local" and "PATH" in seen
+
+
+def test_what_an_agent_prints_or_plays_is_recorded_redacted(pool, tmp_path):
+    from ctu.config.redact import forget, remember
+
+    remember("sk-remembered-secret")  # a key ctu read (an agent.pass_env variable, say)
+    try:
+        leak = tmp_path / "leak.py"
+        leak.write_text("import sys\nprint('key sk-remembered-secret')\nsys.exit(2)\n")
+        (trajectory,) = pool(f"{sys.executable} {leak}").run(specs(), SamplingParams(max_tokens=32, seed=0), seed=0)
+    finally:
+        forget()
+    for path in (tmp_path / "agent").rglob("*"):
+        if path.is_file():
+            assert "sk-remembered-secret" not in path.read_text(), path
+    assert "sk-remembered-secret" not in trajectory.error
+
+
+def test_an_agent_that_exits_0_without_playing_gives_an_errored_episode(pool, tmp_path):
+    (trajectory,) = pool(f"{sys.executable} -c \"print('done already')\"").run(
+        specs(), SamplingParams(max_tokens=32, seed=0), seed=0)
+    assert trajectory.stop_reason == "error" and trajectory.reward == 0.0
+    assert trajectory.error.startswith("the agent played nothing: it exited 0 without a chat-completion request")
+    log = tmp_path / "agent" / "logs" / "r0-e0.log"
+    assert str(log) in trajectory.error and "done already" in log.read_text()

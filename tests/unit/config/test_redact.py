@@ -78,3 +78,32 @@ def test_an_error_line_never_shows_url_credentials(tmp_path, capsys):
 def test_a_config_without_credentials_is_saved_unchanged(preset):
     config = load_config(preset)
     assert to_dict(config) == dataclasses.asdict(config)
+
+
+WORDY = "http://u:Xy%2Fmini%2Ftest%2Fstep@127.0.0.1:9/v1"  # a password made of words the records use elsewhere
+
+
+def test_a_password_of_common_words_redacts_itself_and_no_other_text(tmp_path):
+    from ctu.config.redact import forget
+
+    try:
+        config = load_config(None, ["env.domains=[mini]", "user.kind=llm", f"user.base_url={WORDY}"])
+        save_config(config, tmp_path / "config.yaml")
+        assert load_config(tmp_path / "config.yaml").env.domains == ["mini"]  # the saved config reruns
+        assert redact("mini test step 1: a test of the mini domain") == "mini test step 1: a test of the mini domain"
+        for form in ("Xy/mini/test/step", "Xy%2Fmini%2Ftest%2Fstep", "Xy%2fmini%2ftest%2fstep"):
+            assert redact(f"password {form}!") == "password <redacted>!", form
+    finally:
+        forget()
+
+
+def test_an_unchecked_url_split_in_the_wrong_place_loses_the_pieces_a_parser_quotes():
+    from ctu.config.redact import forget, remember_in
+
+    try:
+        remember_in("https://user:s3cr/etPW@host:1/v1")  # raw '/': a parser reads port 's3cr'
+        assert redact("Invalid port: 's3cr'") == "Invalid port: '<redacted>'"
+        remember_in("https://user:Ab%2Fmini%2Fword@host:1/v1")  # well formed: no parser splits it
+        assert redact("mini word") == "mini word"
+    finally:
+        forget()
