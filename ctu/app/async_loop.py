@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from ctu.app.sync_loop import TrainingRewards
 from ctu.distributed.async_rollout import AsyncPool, RolloutProducer, async_capacity, group_seed
 from ctu.observe.metrics import mean
 from ctu.rl.advantages import informative_groups
@@ -85,7 +86,6 @@ class AsyncRollouts:
             taken += 1
             batch = group.trajectories
             rewards = tr.rewards(batch)
-            kind = type(rewards)  # the trainer's TrainingRewards (imported from there, ctu.app.trainer would cycle)
             first = batch[0]
             gid = f"{first.domain}/{first.task_id}/a{group.index}"
             trajectories += batch
@@ -105,7 +105,7 @@ class AsyncRollouts:
                       "trainer_wait_s": waited, "groups_in_flight": producer.running,
                       "groups_queued": producer.done.qsize()}
         extra = taken - len(chosen) if t.dynamic_sampling else 0
-        return trajectories, groups, kind(tuple(env), tuple(shaped)), set(chosen), extra
+        return trajectories, groups, TrainingRewards(tuple(env), tuple(shaped)), set(chosen), extra
 
     def step_metrics(self, step_s: float) -> dict[str, float]:
         """This step's ``async/*`` metrics, ``step_s`` its wall time: staleness and drops, and how long trainer and

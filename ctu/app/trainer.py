@@ -11,7 +11,7 @@ import random
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from ctu.app.evaluate import (
 )
 from ctu.app.resume import prepare_resume, recorded_final
 from ctu.app.stop import Interrupted, StopSignals
+from ctu.app.sync_loop import TrainingRewards, collect_now
 from ctu.app.task_sampler import TaskSampler, task_weight  # noqa: F401 - task_weight: imported from here too
 from ctu.config.rundir import check_run_dir, mark_run_dir, overwrite_problem, remove_run
 from ctu.config.runlock import RunDirLock
@@ -37,7 +38,7 @@ from ctu.distributed.ray_setup import preflight
 from ctu.engines.host_memory import release_memory
 from ctu.observe.metrics import distribution, mean, peak_rss_gib
 from ctu.observe.tracking import Tracker, eval_phase, record_eval
-from ctu.rl.advantages import informative_groups, scored_advantages
+from ctu.rl.advantages import scored_advantages
 from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
 from ctu.rollout import components as build
 from ctu.rollout.loop import EpisodeSpec, Trajectory, warn_prompt_budget
@@ -46,16 +47,6 @@ from ctu.train.checkpoint import clean_stale, list_checkpoints, previous_run, re
 from ctu.train.demos import demo_tasks, prepared_samples, replay_note, replayed_demos, warm_start_samples
 from ctu.train.sync import WeightSync
 from ctu.train.update import to_sample
-
-
-@dataclass(frozen=True)
-class TrainingRewards:
-    """Rewards used for advantages: the env's, filtered, plus the optional judge shaping (training only)."""
-
-    env: tuple[float, ...]
-    shaped: tuple[float, ...]
-    # trainer.advantage=remax: per episode, the reward of the greedy episode of its task (None: that one errored)
-    baseline: tuple[float | None, ...] | None = None
 
 
 def prepare_run_dir(config: Config) -> None:
@@ -217,48 +208,9 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------
     def collect(self) -> tuple[list[Trajectory], list[str], TrainingRewards, set[str], int]:
-        """Rollouts for one step: (trajectories, their group ids, rewards, the groups to train on, extra draws).
-
-        With dynamic sampling, groups whose rewards are all equal carry no signal: further groups are drawn
-        until ``tasks_per_step`` groups are informative or ``dynamic_sampling_max_draws`` extra draws are
-        spent; the first ``tasks_per_step`` informative groups are trained on. Every episode drawn is kept
-        for the step's metrics."""
-        if self.rollouts is not None:  # trainer.max_staleness > 0: groups from the background worker
-            return self.rollouts.collect()
-        t = self.config.trainer
-        trajectories: list[Trajectory] = []
-        groups: list[str] = []
-        env: list[float] = []
-        shaped: list[float] = []
-        needed, draws = t.tasks_per_step, 0
-        while True:
-            picks = self.sampler.sample(needed)
-            specs = [EpisodeSpec(d, task, s) for d, task in picks for s in range(t.samples_per_task)]
-            seed = self.config.run.seed * 1_000_003 + self.step * 7919 + draws * 104_729
-            batch = self._rollout(specs, self.config.sampling.temperature, seed=seed)
-            rewards = self.rewards(batch)
-            trajectories += batch
-            groups += [f"{tr.domain}/{tr.task_id}/{draws}.{i // t.samples_per_task}" for i, tr in enumerate(batch)]
-            env += rewards.env
-            shaped += rewards.shaped
-            if not t.dynamic_sampling:
-                baseline = self.greedy_baselines(picks, seed) if t.advantage == "remax" else None
-                return trajectories, groups, TrainingRewards(tuple(env), tuple(shaped), baseline), set(groups), draws
-            scored = [i for i, tr in enumerate(trajectories) if tr.stop_reason != "error"]
-            informative = {groups[scored[j]] for j in informative_groups([shaped[i] for i in scored],
-                                                                          [groups[i] for i in scored])}
-            if len(informative) >= t.tasks_per_step or draws >= t.dynamic_sampling_max_draws:
-                chosen = set(sorted(informative, key=groups.index)[: t.tasks_per_step])
-                return trajectories, groups, TrainingRewards(tuple(env), tuple(shaped)), chosen, draws
-            needed, draws = t.tasks_per_step - len(informative), draws + 1
-
-    def greedy_baselines(self, picks, seed: int) -> tuple[float | None, ...]:
-        """ReMax's baseline: a greedy episode of each picked task by the same policy (never trained on); its reward
-        is the baseline of every sample of that task (None where it errored)."""
-        greedy = self._rollout([EpisodeSpec(d, task, 0) for d, task in picks], 0.0, seed=seed)
-        rewards = self.rewards(greedy).shaped
-        per_task = [None if tr.stop_reason == "error" else r for tr, r in zip(greedy, rewards, strict=True)]
-        return tuple(b for b in per_task for _ in range(self.config.trainer.samples_per_task))
+        """Rollouts for one step: (trajectories, their group ids, rewards, the groups to train on, extra draws):
+        from the background producer (``trainer.max_staleness > 0``) or played now (:mod:`ctu.app.sync_loop`)."""
+        return self.rollouts.collect() if self.rollouts is not None else collect_now(self)
 
     def train_step(self) -> dict:
         t = self.config.trainer
