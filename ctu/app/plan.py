@@ -296,6 +296,15 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
             parts["hf engine KV kept across turns (engine.kv_cache_tokens)"] = (kv_bytes_per_token(a, b)
                                                                                 * config.engine.kv_cache_tokens)
             rollout += parts["hf engine KV kept across turns (engine.kv_cache_tokens)"]
+    staleness = int(getattr(t, "max_staleness", 0) or 0)
+    if staleness and kind == "hf" and not where.own_copy:  # asynchronous RL: the producer's engine in this process
+        parts["async: the producer's model copy (compute dtype)"] = b * p  # the optimizer must not move its weights
+        generating = b * p + parts["hf engine KV cache (bound)"]
+        generating += parts.get("hf engine KV kept across turns (engine.kv_cache_tokens)", 0)
+        rollout += b * p
+        train += generating  # the producer keeps generating through the update
+        notes.append(f"trainer.max_staleness={staleness}: the producer's engine holds a merged copy of the policy "
+                     "and generates through the update: its copy and KV caches count in every phase")
     label, transient = sync_transient(a, config, b, n, trainable)
     if transient:
         parts[label] = transient

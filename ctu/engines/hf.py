@@ -290,20 +290,28 @@ class HFEngine(Engine):
         return True
 
     def update_weights(self, named_tensors: Iterable[tuple[str, object]], version: int | None = None) -> None:
-        """Copy HF-named tensors into the model; unknown (e.g. PEFT) names are refused, listed. Then ``version``
-        is :attr:`weights_version`."""
+        """Copy HF-named tensors into the model as they come (one in flight: the stream is never held whole), then
+        ``version`` is :attr:`weights_version`. Unknown (e.g. PEFT) names are refused, listed, after the rest is
+        loaded; the engine then serves no version (part of what it holds is new)."""
         params = dict(self.model.named_parameters())
         buffers = dict(self.model.named_buffers())
-        incoming = list(named_tensors)
-        unknown = [name for name, _ in incoming if name not in params and name not in buffers]
-        if unknown:
-            shown = ", ".join(unknown[:5]) + (f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else "")
-            raise ValueError(f"update_weights got {len(unknown)} name(s) the model does not have: {shown}; "
-                             "send merged Hugging Face names (no base_model.model. / lora_A / base_layer)")
+        unknown: list[str] = []
+        loaded = 0
         with self._lock, torch.no_grad():
-            for name, tensor in incoming:
+            for name, tensor in named_tensors:
                 target = params.get(name, buffers.get(name))
-                target.copy_(torch.as_tensor(tensor).to(device=target.device, dtype=target.dtype))  # type: ignore[union-attr]  # names checked above
+                if target is None:
+                    unknown.append(name)
+                    continue
+                target.copy_(torch.as_tensor(tensor).to(device=target.device, dtype=target.dtype))
+                loaded += 1
+                del tensor
             if self.kv_store is not None:
                 self.kv_store.clear()
+            if unknown:
+                if loaded:
+                    self.weights_version = None
+                shown = ", ".join(unknown[:5]) + (f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else "")
+                raise ValueError(f"update_weights got {len(unknown)} name(s) the model does not have: {shown}; "
+                                 "send merged Hugging Face names (no base_model.model. / lora_A / base_layer)")
             self.weights_version = version

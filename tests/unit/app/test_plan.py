@@ -135,3 +135,20 @@ def test_every_preset_passes_on_the_hardware_its_comment_names(name, capsys):
         assert main([str(CONFIGS / name), "--gpus", gpus, "--gpu-memory", memory]) == 0, (name, gpus, memory)
         assert capsys.readouterr().out.rstrip().endswith("fits")
     assert main([str(CONFIGS / name), "--gpus", "1", "--gpu-memory", "16"]) == 1  # and it can fail
+
+
+def test_async_hf_counts_the_producers_model_copy_in_every_phase():
+    """trainer.max_staleness > 0 with the in-process hf engine: the engine runs a merged copy of the policy (the
+    optimizer must not move weights under a rollout) and keeps generating through the update, so its copy and KV
+    caches count while training too; a config that fits synchronously can then be refused."""
+    common = ("engine.kind=hf", "model.path=Qwen/Qwen2.5-3B-Instruct", "model.dtype=bfloat16")
+    sync = plan(_cfg(None, *common), 1, 80.0)
+    k1 = plan(_cfg(None, *common, "trainer.max_staleness=1", "trainer.tis_cap=2.0"), 1, 80.0)
+    copy = k1.parts["async: the producer's model copy (compute dtype)"]
+    assert copy == 2 * sync.parameters
+    assert k1.rollout_total - sync.rollout_total == pytest.approx(copy * 1.05, rel=0.01)
+    assert k1.train_total - sync.train_total > copy  # + the KV caches of the generation beside the update
+    assert any("max_staleness=1" in note for note in k1.notes)
+    small = 1.05 * sync.train_total / 2**30  # enough for the synchronous run, not the asynchronous one
+    assert plan(_cfg(None, *common), 1, small).fits
+    assert not plan(_cfg(None, *common, "trainer.max_staleness=1", "trainer.tis_cap=2.0"), 1, small).fits

@@ -126,3 +126,36 @@ def test_every_cpu_generation_gives_the_heap_back(engine, monkeypatch):
     gen(engine, PROMPTS, temperature=0.0, max_tokens=2)
     gen(engine, PROMPTS[:1], temperature=0.0, max_tokens=2)
     assert len(calls) == 2
+
+
+def test_update_weights_streams_one_tensor_at_a_time(engine):
+    """A merged sync is a stream (a copy of the whole model in flight would double the engine's weight memory at
+    every sync): by the time a tensor is asked for, the one two before it is gone. A refused name still stops the
+    load, and the engine then serves no version (what it holds is part old, part new)."""
+    import gc
+    import weakref
+
+    named = [(n, p.detach().clone()) for n, p in engine.model.named_parameters()][:6]
+    alive = []
+
+    def stream():
+        for i, (name, tensor) in enumerate(named):
+            gc.collect()
+            if i >= 2:
+                alive.append(alive_refs[i - 2]() is not None)
+            copy = tensor.clone()
+            alive_refs.append(weakref.ref(copy))
+            yield name, copy
+
+    alive_refs: list = []
+    version = engine.weights_version
+    try:
+        named_tensors = stream()
+        engine.update_weights(named_tensors, version=7)
+        del named_tensors
+        assert alive and not any(alive) and engine.weights_version == 7
+        with pytest.raises(ValueError, match="lora_A"):
+            engine.update_weights([named[0], ("base_model.model.x.lora_A.default.weight", torch.zeros(1))], version=8)
+        assert engine.weights_version is None
+    finally:
+        engine.update_weights(named, version=version)
