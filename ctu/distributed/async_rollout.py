@@ -297,6 +297,9 @@ class AsyncPool(RolloutPool):
     def versions(self) -> list[int | None]:
         return self.inner.versions()
 
+    def fingerprints(self) -> list:
+        return self.inner.fingerprints()
+
     def sleep(self) -> None:
         if self.producer is not None and not self._sleeping:
             self.producer.pause()  # no generation may reach an engine that is freeing its memory

@@ -122,6 +122,11 @@ class RolloutPool(ABC):
     def versions(self) -> list[int | None]:
         """Every live engine's stamped weight version (:attr:`ctu.engines.base.Engine.weights_version`)."""
 
+    def fingerprints(self) -> list:
+        """Every live engine's :class:`~ctu.engines.fingerprint.Fingerprint` of the weights it holds (None where it
+        cannot tell)."""
+        return [None] * self.num_workers
+
     def sleep(self) -> None:  # noqa: B027 - optional hook
         """Free accelerator memory on every engine while the trainer updates (colocated engines)."""
 
@@ -190,6 +195,9 @@ class LocalPool(RolloutPool):
 
     def versions(self) -> list[int | None]:
         return [self.engine.weights_version]
+
+    def fingerprints(self) -> list:
+        return [self.engine.fingerprint()]
 
     def sleep(self) -> None:
         self.engine.sleep()

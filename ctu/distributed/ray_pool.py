@@ -93,6 +93,11 @@ class RolloutWorker:
         """The engine's stamped weight version (what the last completed load was)."""
         return self.engine.weights_version
 
+    def fingerprint(self) -> list | None:
+        """The engine's fingerprint of the weights it holds (:mod:`ctu.engines.fingerprint`), as a list."""
+        found = self.engine.fingerprint()
+        return None if found is None else found.as_list()
+
     def catch_up(self, weights_box: list | None, version: int) -> None:
         """Load the pool's latest weights if this worker is behind them (a restarted worker starts from the base
         model); never older ones (with asynchronous rollouts a call sent before a push can run after it)."""
@@ -318,6 +323,11 @@ class RayPool(RolloutPool):
 
     def versions(self) -> list[int | None]:
         return self._broadcast("weights_version")
+
+    def fingerprints(self) -> list:
+        from ctu.engines.fingerprint import Fingerprint
+
+        return [Fingerprint.of(f) for f in self._broadcast("fingerprint")]
 
     def sleep(self) -> None:
         self._broadcast("sleep")

@@ -84,6 +84,11 @@ class Engine(ABC):
         """Load new weights (Hugging Face parameter names, merged — no LoRA/PEFT prefixes); once loaded,
         ``version`` (the policy version: the trainer's step) is :attr:`weights_version`."""
 
+    def fingerprint(self):
+        """The :class:`~ctu.engines.fingerprint.Fingerprint` of the weights this engine holds, computed from its own
+        tensors; None where it cannot tell (then only the version stamp and the parity probe check a load)."""
+        return None
+
     def release(self, token_ids: Sequence[int]) -> None:  # noqa: B027 - optional hook
         """The conversation that ended with ``token_ids`` will not continue: an engine that keeps its KV cache
         across calls may free it."""

@@ -289,6 +289,12 @@ class HFEngine(Engine):
                 return True
         return True
 
+    def fingerprint(self):
+        from ctu.engines.fingerprint import of_module
+
+        with self._lock:
+            return of_module(self.model)
+
     def update_weights(self, named_tensors: Iterable[tuple[str, object]], version: int | None = None) -> None:
         """Copy HF-named tensors into the model as they come (one in flight: the stream is never held whole), then
         ``version`` is :attr:`weights_version`. Unknown (e.g. PEFT) names are refused, listed, after the rest is

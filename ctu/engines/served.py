@@ -151,6 +151,7 @@ class ServedEngine(RemoteEngine):
         self.loaded: list[str] = []  # adapter names this engine loaded and has not unloaded
         self.written: list[Path] = []  # directories this engine wrote, oldest first
         self.prefix_reset = True  # the server has /reset_prefix_cache (dev mode)
+        self._warned_fingerprint = False
         self.tag = uuid.uuid4().hex[:8]
         self._lock = threading.Lock()
         self._warned_inexact = False
@@ -332,6 +333,23 @@ class ServedEngine(RemoteEngine):
         with self._lock:
             self.weights_version = served
         self._prune(keep=1)
+
+    def fingerprint(self):
+        """The server's own fingerprint of its weights (``/collective_rpc ctu_fingerprint``: a server started with
+        ``--worker-extension-cls`` :data:`~ctu.engines.fingerprint.EXTENSION` and dev mode); None without it
+        (said once)."""
+        from ctu.engines.fingerprint import EXTENSION, Fingerprint
+
+        response, data = self.call_read("POST", "/collective_rpc", {"method": "ctu_fingerprint"}, read=json_object)
+        results = data.get("results") if response.status_code == 200 and isinstance(data, dict) else None
+        if not results or not isinstance(results[0], list):
+            if not self._warned_fingerprint:
+                self._warned_fingerprint = True
+                log.warning("%s cannot fingerprint its weights (start it with --worker-extension-cls %s and "
+                            "VLLM_SERVER_DEV_MODE=1): merged loads are checked by version and parity only",
+                            redact(self.root), EXTENSION)
+            return None
+        return Fingerprint.of(results[0])
 
     def reset_prefix_cache(self, running: bool) -> None:
         """``POST /reset_prefix_cache``; ``running``: preempt running requests so the reset cannot be refused.

@@ -37,7 +37,7 @@ def free_port() -> int:
 def server_command(model_dir: str, served_name: str, port: int, *, python: str | None = None, dtype: str = "auto",
                    seed: int = 0, max_model_len: int | None = None, logprobs_mode: str = "processed_logprobs",
                    lora_rank: int | None = None, max_loras: int = 1, extra: Sequence[str] = (),
-                   gpu_memory_utilization: float | None = None) -> list[str]:
+                   gpu_memory_utilization: float | None = None, fingerprint: bool = False) -> list[str]:
     """The server's command line; ``lora_rank``: serve LoRA adapters up to that rank (``--enable-lora``);
     ``gpu_memory_utilization``: its share of the GPU (vLLM's default, 0.9, leaves no room for a trainer beside it)."""
     cmd = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
@@ -47,6 +47,10 @@ def server_command(model_dir: str, served_name: str, port: int, *, python: str |
         cmd += ["--max-model-len", str(max_model_len)]
     if gpu_memory_utilization is not None:
         cmd += ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
+    if fingerprint:  # its workers answer collective_rpc("ctu_fingerprint") (ctu.engines.fingerprint)
+        from ctu.engines.fingerprint import EXTENSION
+
+        cmd += ["--worker-extension-cls", EXTENSION]
     if lora_rank is not None:
         cmd += ["--enable-lora", "--max-lora-rank", str(lora_rank), "--max-loras", str(max_loras)]
     return cmd + list(extra)

@@ -24,7 +24,8 @@ def launch_server(config, keep: int) -> LaunchedServer:
                              max_model_len=config.env.max_context_tokens,
                              logprobs_mode=choose_logprobs_mode(config.sampling.temperature, config.sampling.top_p),
                              lora_rank=config.lora.rank if adapter else None, max_loras=keep, extra=e.launch_args,
-                             gpu_memory_utilization=e.gpu_memory_utilization if torch.cuda.is_available() else None)
+                             gpu_memory_utilization=e.gpu_memory_utilization if torch.cuda.is_available() else None,
+                             fingerprint=e.launch_python is None)  # its workers import ctu: the same python
     server = LaunchedServer(command, server_env(dict(os.environ), os.environ.get(e.api_key_env)),
                             Path(config.run.dir) / "engine" / "vllm-server.log", port)
     try:

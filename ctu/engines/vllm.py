@@ -221,8 +221,11 @@ class VLLMEngine(Engine):
             llm_kwargs["max_model_len"] = int(max_model_len)
         if enable_lora:
             llm_kwargs.update(enable_lora=True, max_lora_rank=int(max_lora_rank))
+        from ctu.engines.fingerprint import EXTENSION
+
         self.llm = vllm.LLM(model=resolve_model(model_path), dtype=dtype, seed=seed,
-                            gpu_memory_utilization=gpu_memory_utilization, logprobs_mode=self.logprobs_mode, **llm_kwargs)
+                            gpu_memory_utilization=gpu_memory_utilization, logprobs_mode=self.logprobs_mode,
+                            worker_extension_cls=EXTENSION, **llm_kwargs)
         self.sleep_level = int(sleep_level)
         self.asleep: set[str] = set()  # the vLLM tags this engine put to sleep and has not woken
         self.weights_discarded = False  # a level-2 sleep dropped the weights; a load brings them back
@@ -344,6 +347,15 @@ class VLLMEngine(Engine):
         path = os.path.join(self._adapter_root.name, f"v{version}")
         write_peft_adapter(adapter, path, peft_config, self.lora_alpha)
         return path
+
+    def fingerprint(self):
+        """From the worker's own tensors (:class:`~ctu.engines.fingerprint.FingerprintExtension`); None asleep."""
+        from ctu.engines.fingerprint import Fingerprint
+
+        if self.asleep or self.weights_discarded:
+            return None
+        with self._lock:
+            return Fingerprint.of(self.llm.collective_rpc("ctu_fingerprint")[0])
 
     @property
     def sleeping(self) -> bool:

@@ -17,7 +17,8 @@ import time
 import torch
 
 from ctu.config.schema import Config, engines_sleep, weight_sync_mode
-from ctu.engines.parity import check_parity, check_versions, default_parity_tolerance
+from ctu.engines.fingerprint import Accumulator, mismatch
+from ctu.engines.parity import ParityError, check_parity, check_versions, default_parity_tolerance
 from ctu.train.weights import hf_name
 
 
@@ -74,6 +75,18 @@ class WeightSync:
                 "server's dev routes, and its server has none: start it with VLLM_SERVER_DEV_MODE=1, or train "
                 "without a warm start (trainer.sft_steps=0)")
 
+    def _sums(self) -> Accumulator:
+        return Accumulator(sorted({parity_dtypes(self.config)[1], "float32"}))
+
+    @staticmethod
+    def _fingerprinted(weights, sent: Accumulator):
+        """``weights`` fingerprinted as they stream to the engines; weights already in Ray's object store (trainer
+        rank 0's) pass as they are, unfingerprinted (the sums are then unknown, and not compared)."""
+        if hasattr(weights, "ref"):
+            sent.sums.clear()
+            return weights
+        return sent.stream(weights)
+
     def before_update(self) -> None:
         if engines_sleep(self.config):
             self.pool.sleep()
@@ -89,18 +102,21 @@ class WeightSync:
         self.version = version
         if self.shares_model:  # the engine computes with the trainer's own tensors: its weights are this version
             self.pool.engine.weights_version = version
-        elif weight_sync_mode(self.config) == "adapter":
+        sent: Accumulator | None = None  # the fingerprint of full weights sent (adapters: checked by name)
+        if not self.shares_model and weight_sync_mode(self.config) == "adapter":
             if self.base_changed:  # e.g. after the warm start was merged into the base (rebase_reference)
-                self.pool.update_weights(self.group.base_weights(), version)
+                self.pool.update_weights(self._fingerprinted(self.group.base_weights(), sent := self._sums()), version)
             self.pool.update_adapter(self.group.adapter_weights(), version)
-        else:
-            self.pool.update_weights(self.group.merged_weights(), version)
+        elif not self.shares_model:
+            self.pool.update_weights(self._fingerprinted(self.group.merged_weights(), sent := self._sums()), version)
         self.pool.wake_up()
         self.base_changed = False
         diffs = self.pool.parity(self.group.score, temperature=self.config.sampling.temperature,
                                  tokens=self.config.engine.parity_probe_tokens, seed=self.config.run.seed)
         diff = max(diffs) if all(d == d for d in diffs) else float("nan")  # a dead worker reports NaN
         check_versions(self.pool.versions(), version)
+        if sent is not None and sent.sums and (problem := mismatch(self.pool.fingerprints(), sent, version)):
+            raise ParityError(problem)  # acknowledged and stamped, yet not what was sent
         check_parity(diff, parity_tolerance(self.config))
         return {"logprob_max_abs_diff": diff, "version": float(self.version),
                 "seconds": time.perf_counter() - started}

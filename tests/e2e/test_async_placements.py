@@ -120,3 +120,16 @@ def test_in_process_vllm(tmp_path, cpu_only, monkeypatch, mode):
     _, rows = run_k(tmp_path / "run", "engine.kind=vllm", "model.dtype=float32", f"engine.weight_sync={mode}")
     check_async_rows(rows)
     assert no_producer_left()
+
+
+def test_an_engine_that_keeps_its_old_weights_stops_the_run(tmp_path, cpu_only, monkeypatch):
+    """The producer's hf engine (a copy of the policy) stamps the new version but loads nothing: its own
+    fingerprint stops the run at the first sync that changed the weights."""
+    from ctu.engines.hf import HFEngine
+    from ctu.engines.parity import ParityError
+
+    monkeypatch.setattr(HFEngine, "update_weights",
+                        lambda self, named_tensors, version=None: (list(named_tensors), setattr(self, "weights_version", version)))
+    monkeypatch.setattr("ctu.train.sync.check_parity", lambda diff, tolerance: None)  # the probe alone would catch it
+    with pytest.raises(ParityError, match=r"engine 0 acknowledged the weights of version 1 but holds other ones"):
+        run_k(tmp_path / "run", steps=1)

@@ -113,3 +113,19 @@ def test_a_lora_warm_start_without_the_servers_dev_mode_is_refused_before_any_wo
         assert not (tmp_path / "run" / "metrics.jsonl").exists()
         Trainer(served_config(tmp_path / "plain", fake.url, "trainer.sft_steps=0", "trainer.max_steps=1")).run()
     assert [r["sync/version"] for r in read_metrics(tmp_path / "plain")] == [1.0]
+
+
+def test_a_server_that_acknowledges_a_merged_load_and_keeps_its_weights_stops_the_run_at_that_step(tmp_path, caplog):
+    """At a learning rate whose update is below the parity probe's tolerance the version stamp (written by ctu) and
+    the probe both pass; the server's own fingerprint of its tensors does not equal the trainer's."""
+    with FakeVLLMServer() as fake:
+        fake.keep_old_weights = True
+        with pytest.raises(ParityError, match=r"engine 0 acknowledged the weights of version 1 but holds other ones"):
+            Trainer(served_config(tmp_path / "run", fake.url, "lora.enabled=false", "trainer.sft_steps=0",
+                                  "trainer.lr=1e-6")).run()
+    assert read_metrics(tmp_path / "run") == []  # stopped at step 1's sync, before it was recorded
+    with FakeVLLMServer() as honest:
+        honest.worker_extension = False  # a server without the extension: said once, then version and parity only
+        Trainer(served_config(tmp_path / "plain", honest.url, "lora.enabled=false", "trainer.sft_steps=0",
+                              "trainer.max_steps=1")).run()
+    assert "cannot fingerprint its weights" in caplog.text

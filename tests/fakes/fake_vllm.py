@@ -67,7 +67,7 @@ from tests.fakes.fake_vllm_types import (  # noqa: F401 - re-exported: ``import 
 BLOCK_SIZE = 16
 LLM_KWARGS = {"dtype", "seed", "gpu_memory_utilization", "enable_sleep_mode", "logprobs_mode", "tensor_parallel_size",
               "max_model_len", "enforce_eager", "tokenizer", "trust_remote_code", "enable_lora", "max_lora_rank",
-              "max_loras", "enable_prefix_caching"}
+              "max_loras", "enable_prefix_caching", "worker_extension_cls"}
 LOGPROBS_MODES = ("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _SAMPLING_EPS = 1e-5
@@ -154,6 +154,16 @@ class _Worker:
             self.model.load_weights(weights_iterator)
         finally:
             self.model.reloading = False
+
+
+def _worker_class(extension: str | None) -> type:
+    """The worker class with ``worker_extension_cls`` among its bases, as vLLM's ``WorkerWrapperBase`` adds it."""
+    if not extension:
+        return _Worker
+    import importlib
+
+    module, _, name = extension.rpartition(".")
+    return type("_ExtendedWorker", (_Worker, getattr(importlib.import_module(module), name)), {})
 
 
 def _kv_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -247,7 +257,7 @@ class LLM:
         return [func(self._model)]
 
     def collective_rpc(self, method, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None):
-        worker = _Worker(self._model)
+        worker = _worker_class(self.kwargs.get("worker_extension_cls"))(self._model)
         fn = getattr(worker, method) if isinstance(method, str) else (lambda *a, **k: method(worker, *a, **k))
         return [fn(*args, **(kwargs or {}))]
 

@@ -12,7 +12,8 @@ naming a model that is not served: 404; ``token_id:N`` tokens, ``token_ids``, ``
 
 Logprob modes: ``processed_logprobs`` returns the hf engine's ``log_softmax(logits / T)`` (vLLM's value at
 top_p = 1); ``raw_logprobs`` rescored at T = 1 (vLLM's default: before temperature).
-Faults for tests: ``keep_old_weights`` (a load answers 200 but the new name serves the previous weights),
+Faults for tests: ``keep_old_weights`` (a load answers 200 but the new name serves the previous weights; a merged
+reload answers 200 and loads nothing), ``worker_extension`` False (no ``ctu_fingerprint`` rpc),
 ``forget_loads`` (a load answers 200 but the name is not registered), ``fail_loads`` (500).
 """
 
@@ -70,6 +71,7 @@ class FakeVLLMServer:
         self.api_key = api_key
         self.weight_version = "default"
         self.keep_old_weights = self.forget_loads = self.fail_loads = False
+        self.worker_extension = True  # started with --worker-extension-cls ctu.engines.fingerprint.FingerprintExtension
         self.events: list[str] = []  # "load NAME", "unload NAME", "reset", "reload PATH", "complete MODEL"
         self.requests: list[dict] = []  # completions bodies
         self.returned: list[list[int]] = []  # the token ids of every choice returned
@@ -162,6 +164,11 @@ class FakeVLLMServer:
         return 200, {"vllm_config": {"model_config": {"logprobs_mode": self.logprobs_mode}, "lora_config": lora}}
 
     def rpc(self, body: dict):
+        if body.get("method") == "ctu_fingerprint" and self.worker_extension:  # vLLM runs the extension's method
+            from ctu.engines.fingerprint import of_module
+
+            with self._lock:
+                return 200, {"results": [of_module(self.base).as_list()]}
         if body.get("method") != "reload_weights":
             return error(500, f"Call to collective_rpc method failed: no method {body.get('method')}", "InternalServerError")
         from safetensors.torch import load_file
@@ -171,6 +178,9 @@ class FakeVLLMServer:
         if not files:
             return error(500, f"Call to collective_rpc method failed: no weights in {path}", "InternalServerError")
         state = {k: v for f in files for k, v in load_file(str(f)).items()}
+        if self.keep_old_weights:  # acknowledged, not loaded
+            self.events.append(f"reload {path}")
+            return 200, {"results": [None]}
         with self._lock, torch.no_grad():
             params = dict(self.base.named_parameters())
             for name, tensor in state.items():
