@@ -20,6 +20,7 @@ from ctu.config.checks import config_problems
 from ctu.config.checks import training_problems as training_problems  # re-exported
 from ctu.config.derived import engines_sleep, weight_sync_mode  # noqa: F401 - re-exported
 from ctu.config.redact import redact_data, remember_in
+from ctu.config.yaml_read import YamlError, load_text, read_yaml
 
 
 class ConfigError(ValueError):
@@ -370,7 +371,9 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override '{text}' must look like section.key=value")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_text(raw) if raw.strip() else ""
+    except YamlError as exc:  # an overlong integer
+        raise ConfigError(f"override '{key}': {str(exc).split(': ', 1)[1]}") from None
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -384,9 +387,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
         try:
-            tree = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+            tree = read_yaml(p) or {}
+        except YamlError as exc:
+            raise ConfigError(str(exc)) from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{p}: the top level must be a mapping")
     for text in overrides:
