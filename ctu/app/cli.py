@@ -82,11 +82,12 @@ def cmd_score(args: argparse.Namespace) -> int:
                 except KeyError as exc:
                     raise TranscriptError(str(exc.args[0])) from None
                 reward = score_transcript(domain, task, record.messages, ending(record.messages, record.termination))
-            except TranscriptError as exc:
+            except (TranscriptError, RecursionError) as exc:  # this line only: the others are still scored
                 bad += 1
-                print(f"{args.file}:{line_no}: error: {exc}", file=sys.stderr)
+                why = str(exc) if isinstance(exc, TranscriptError) else "nested too deeply to score"
+                print(f"{args.file}:{line_no}: error: {why}", file=sys.stderr)
                 if args.json:
-                    print(json.dumps({"line": line_no, "error": str(exc)}))
+                    print(json.dumps({"line": line_no, "error": why}))
                 continue
             scored += 1
             total += reward.reward
