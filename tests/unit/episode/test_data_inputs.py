@@ -67,3 +67,39 @@ def test_export_refuses_a_min_reward_that_is_not_a_finite_number(tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert err == f"ctu: error: --min-reward: must be a finite number, got {value}"
     assert not out.exists()
+
+
+def write_tasks_file(tmp_path, ids, splits=None):
+    from ctu.episode.data.prompts import task_to_tau2
+
+    mini = get_domain("mini")
+    entries = [dict(task_to_tau2(mini.tasks[i]), id=task_id) for i, task_id in enumerate(ids)]
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(entries))
+    if splits is not None:
+        (tmp_path / "split_tasks.json").write_text(json.dumps(splits))
+    return path
+
+
+def test_a_task_id_given_twice_is_refused_naming_it(tmp_path):
+    path = write_tasks_file(tmp_path, ["a", "b", "a", "c", "b"])
+    with pytest.raises(DataError) as info:
+        load_tasks(path)
+    assert str(info.value) == f"{path}: task ids appear more than once: 'a' (tasks #0 and #2), 'b' (tasks #1 and #4)"
+
+
+def test_train_and_test_splits_that_share_tasks_are_refused(tmp_path):
+    path = write_tasks_file(tmp_path, ["a", "b", "c"], {"train": ["a", "b"], "test": ["b", "c"], "base": ["a", "b", "c"]})
+    with pytest.raises(DataError) as info:
+        load_tasks(path)
+    assert str(info.value) == (f"{tmp_path / 'split_tasks.json'}: splits 'train' and 'test' share task 'b': an "
+                               "evaluation on tasks trained on does not measure what was learned")
+
+
+def test_a_task_named_twice_in_a_split_is_refused(tmp_path):
+    path = write_tasks_file(tmp_path, ["a", "b"], {"train": ["a", "a"], "test": ["b"]})
+    with pytest.raises(DataError, match="split 'train' names task 'a' twice"):
+        load_tasks(path)
+    write_tasks_file(tmp_path, ["a", "b"], {"train": ["a"], "test": ["b"], "base": ["a", "b"]})
+    tasks, splits = load_tasks(path)
+    assert [t.id for t in tasks] == ["a", "b"] and splits["base"] == ("a", "b")
