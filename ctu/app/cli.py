@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
+from ctu.config.atomic import FULL_ERRNOS, space_hint
 from ctu.config.redact import redact
 from ctu.domains import DOMAINS, get_domain
 
@@ -341,6 +343,8 @@ def _describe(exc: BaseException) -> str:
         message = str(exc)
     if not message.strip() or not isinstance(exc, (OSError, ValueError, KeyError, RuntimeError)):
         message = f"{type(exc).__name__}: {message}" if message.strip() else type(exc).__name__
+    if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS and exc.strerror == os.strerror(exc.errno):
+        message += f" ({space_hint(os.path.dirname(os.fspath(exc.filename)) or '.' if exc.filename else '.')})"
     return _one_line(message)
 
 

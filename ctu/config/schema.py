@@ -16,6 +16,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
+from ctu.config.atomic import atomic_write_text
 from ctu.config.checks import config_problems
 from ctu.config.checks import training_problems as training_problems  # re-exported
 from ctu.config.derived import engines_sleep, weight_sync_mode  # noqa: F401 - re-exported
@@ -414,5 +415,5 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def save_config(config: Any, path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    """Written whole or not at all (a full disk or ``ulimit -f`` leaves no cut file; the error names ``path``)."""
+    atomic_write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))
