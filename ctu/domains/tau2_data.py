@@ -178,6 +178,35 @@ def read_json(path: Path) -> Any:
                          f"({sys.get_int_max_str_digits()})") from None
 
 
+def task_id_problem(path: Path, ids: list[str]) -> str | None:
+    """A tasks file that gives a task id twice, naming the ids; None when each is given once."""
+    first: dict[str, int] = {}
+    twice = []
+    for i, task_id in enumerate(ids):
+        if task_id in first:
+            twice.append(f"'{task_id}' (tasks #{first[task_id]} and #{i})")
+        first.setdefault(task_id, i)
+    return f"{path}: task ids appear more than once: {', '.join(twice[:5])}" if twice else None
+
+
+def split_problem(path: Path, splits: dict[str, tuple[str, ...]]) -> str | None:
+    """A split file naming a task twice in one split, or splits 'train' and 'test' sharing tasks (an evaluation on
+    tasks trained on measures nothing); None when neither."""
+    for name, ids in splits.items():
+        seen: set[str] = set()
+        for task_id in ids:
+            if task_id in seen:
+                return f"{path}: split '{name}' names task '{task_id}' twice"
+            seen.add(task_id)
+    test = set(splits.get("test", ()))
+    shared = [i for i in splits.get("train", ()) if i in test]
+    if shared:
+        return (f"{path}: splits 'train' and 'test' share task{'s' if len(shared) > 1 else ''} "
+                f"{', '.join(repr(i) for i in shared[:5])}: an evaluation on tasks trained on does not measure what "
+                "was learned")
+    return None
+
+
 def read_tasks(folder: Path) -> dict[str, Any]:
     """{'tasks': (Task, ...), 'splits': {name: ids}} from a domain folder's tasks.json and split_tasks.json."""
     raw_tasks = read_json(folder / "tasks.json")
@@ -200,4 +229,7 @@ def read_tasks(folder: Path) -> dict[str, Any]:
             if not isinstance(ids, list) or not all(isinstance(i, (str, int)) for i in ids):
                 raise ValueError(f"{split_file}: split '{name}' is not a list of task ids")
         splits = {k: tuple(str(i) for i in v) for k, v in raw_splits.items()}
+    problem = task_id_problem(folder / "tasks.json", [t.id for t in tasks]) or split_problem(split_file, splits)
+    if problem:
+        raise ValueError(problem)
     return {"tasks": tuple(tasks), "splits": splits}

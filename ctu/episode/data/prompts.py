@@ -24,6 +24,7 @@ from typing import Any
 
 from ctu.config.atomic import atomic_open, atomic_write_text, check_target
 from ctu.domains.base import Domain, Task
+from ctu.domains.tau2_data import split_problem, task_id_problem
 from ctu.episode.data.conversations import DataError
 from ctu.episode.data.jsonfile import load
 from ctu.episode.env import Episode
@@ -187,14 +188,9 @@ def load_tasks(path: str | Path) -> tuple[tuple[Task, ...], dict[str, tuple[str,
             tasks.append(Task.from_tau2(entry))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DataError(f"{p}: task #{i} is malformed: {exc!r}") from None
-    first: dict[str, int] = {}
-    twice = []
-    for i, task in enumerate(tasks):
-        if task.id in first:
-            twice.append(f"'{task.id}' (tasks #{first[task.id]} and #{i})")
-        first.setdefault(task.id, i)
-    if twice:
-        raise DataError(f"{p}: task ids appear more than once: {', '.join(twice[:5])}")
+    problem = task_id_problem(p, [t.id for t in tasks])
+    if problem:
+        raise DataError(problem)
     split_file = p.with_name("split_tasks.json")
     return tuple(tasks), (read_splits(split_file) if split_file.is_file() else None)
 
@@ -209,15 +205,7 @@ def read_splits(path: Path) -> dict[str, tuple[str, ...]]:
         if not isinstance(ids, list) or not all(isinstance(i, (str, int)) for i in ids):
             raise DataError(f"{path}: split '{name}' is not a list of task ids")
     splits = {k: tuple(str(i) for i in v) for k, v in raw.items()}
-    for name, ids in splits.items():
-        seen: set[str] = set()
-        for task_id in ids:
-            if task_id in seen:
-                raise DataError(f"{path}: split '{name}' names task '{task_id}' twice")
-            seen.add(task_id)
-    shared = [i for i in splits.get("train", ()) if i in set(splits.get("test", ()))]
-    if shared:
-        raise DataError(f"{path}: splits 'train' and 'test' share task{'s' if len(shared) > 1 else ''} "
-                        f"{', '.join(repr(i) for i in shared[:5])}: an evaluation on tasks trained on does not measure "
-                        "what was learned")
+    problem = split_problem(path, splits)
+    if problem:
+        raise DataError(problem)
     return splits

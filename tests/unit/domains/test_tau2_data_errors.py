@@ -30,3 +30,29 @@ def test_a_good_folder_reads(tmp_path):
     (tmp_path / "tasks.json").write_text("[]")
     (tmp_path / "split_tasks.json").write_text(json.dumps({"train": []}))
     assert read_tasks(tmp_path) == {"tasks": (), "splits": {"train": ()}}
+
+
+def test_repeated_task_ids_and_train_test_overlap_are_refused(tmp_path):
+    from ctu.domains import get_domain
+    from ctu.episode.data.prompts import task_to_tau2
+
+    mini = get_domain("mini")
+    entries = [dict(task_to_tau2(mini.tasks[i]), id=task_id) for i, task_id in enumerate(["a", "b", "a"])]
+    (tmp_path / "tasks.json").write_text(json.dumps(entries))
+    with pytest.raises(ValueError, match=r"tasks.json: task ids appear more than once: 'a' \(tasks #0 and #2\)"):
+        read_tasks(tmp_path)
+    (tmp_path / "tasks.json").write_text(json.dumps(entries[:2]))
+    (tmp_path / "split_tasks.json").write_text(json.dumps({"train": ["a", "b"], "test": ["b"]}))
+    with pytest.raises(ValueError, match="split_tasks.json: splits 'train' and 'test' share task 'b'"):
+        read_tasks(tmp_path)
+
+
+@pytest.mark.parametrize("domain", ["airline", "retail", "telecom"])
+def test_the_installed_data_passes(domain):
+    from ctu.domains import get_domain
+
+    get_domain.cache_clear()
+    try:
+        assert get_domain(domain).tasks
+    finally:
+        get_domain.cache_clear()
