@@ -344,7 +344,8 @@ def _describe(exc: BaseException) -> str:
     if not message.strip() or not isinstance(exc, (OSError, ValueError, KeyError, RuntimeError)):
         message = f"{type(exc).__name__}: {message}" if message.strip() else type(exc).__name__
     if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS and exc.strerror == os.strerror(exc.errno):
-        message += f" ({space_hint(os.path.dirname(os.fspath(exc.filename)) or '.' if exc.filename else '.')})"
+        hint = space_hint(os.path.dirname(os.fspath(exc.filename)) or "." if exc.filename else ".")
+        message += f" ({hint})" if hint else ""
     return _one_line(message)
 
 

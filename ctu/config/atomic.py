@@ -121,7 +121,7 @@ FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # the disk, a file-size
 
 def space_hint(folder: str | Path) -> str:
     """Why a write into ``folder`` may have been cut short, in words: the file-size limit (``ulimit -f``) if one is
-    set, the free space if it is low; else both possibilities."""
+    set, the free space if it is low; '' when neither."""
     import resource
     import shutil
 
@@ -133,7 +133,7 @@ def space_hint(folder: str | Path) -> str:
         free = shutil.disk_usage(folder).free
         if free < 2**30:
             reasons.append(f"{free / 2**20:.1f} MiB free on its disk")
-    return "; ".join(reasons) or "the disk is full, a quota or a file-size limit (ulimit -f) was reached"
+    return "; ".join(reasons)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

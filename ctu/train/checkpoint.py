@@ -75,8 +75,9 @@ def _save(obj: Any, path: Path, final: Path) -> None:
         else:
             torch.save(obj, path)
     except (OSError, RuntimeError) as exc:  # torch's writer: "iostream error", "[enforce fail at ...]"
-        raise OSError(getattr(exc, "errno", None) or errno.EIO, f"checkpoint not written ({path.name} failed): "
-                      f"{space_hint(path.parent)}", str(final)) from exc
+        why = space_hint(path.parent) or "the disk is full, or a quota or file-size limit (ulimit -f) was reached"
+        raise OSError(getattr(exc, "errno", None) or errno.EIO, f"checkpoint not written ({path.name} failed): {why}",
+                      str(final)) from exc
 
 
 def load_reference(path: str | Path) -> dict[str, torch.Tensor] | None:
