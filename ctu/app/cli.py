@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
+from ctu.config.atomic import FULL_ERRNOS, space_hint
 from ctu.config.redact import redact
 from ctu.domains import DOMAINS, get_domain
 
@@ -82,11 +84,12 @@ def cmd_score(args: argparse.Namespace) -> int:
                 except KeyError as exc:
                     raise TranscriptError(str(exc.args[0])) from None
                 reward = score_transcript(domain, task, record.messages, ending(record.messages, record.termination))
-            except TranscriptError as exc:
+            except (TranscriptError, RecursionError) as exc:  # this line only: the others are still scored
                 bad += 1
-                print(f"{args.file}:{line_no}: error: {exc}", file=sys.stderr)
+                why = str(exc) if isinstance(exc, TranscriptError) else "nested too deeply to score"
+                print(f"{args.file}:{line_no}: error: {why}", file=sys.stderr)
                 if args.json:
-                    print(json.dumps({"line": line_no, "error": str(exc)}))
+                    print(json.dumps({"line": line_no, "error": why}))
                 continue
             scored += 1
             total += reward.reward
@@ -347,6 +350,9 @@ def _describe(exc: BaseException) -> str:
         message = str(exc)
     if not message.strip() or not isinstance(exc, (OSError, ValueError, KeyError, RuntimeError)):
         message = f"{type(exc).__name__}: {message}" if message.strip() else type(exc).__name__
+    if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS and exc.strerror == os.strerror(exc.errno):
+        hint = space_hint(os.path.dirname(os.fspath(exc.filename)) or "." if exc.filename else ".")
+        message += f" ({hint})" if hint else ""
     return _one_line(message)
 
 

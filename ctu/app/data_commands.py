@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from ctu.episode.data.conversations import DataError
@@ -23,6 +24,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if (args.domain is None) == (args.trajectories is None):
         raise DataError("give either --domain (gold demonstrations / tasks) or --trajectories (an eval run)")
+    if not math.isfinite(args.min_reward):  # NaN compares false with every reward: it would keep them all
+        raise DataError(f"--min-reward: must be a finite number, got {args.min_reward}")
     if args.trajectories is not None:
         if args.format == "parquet":
             raise DataError("parquet holds tasks (prompts), not conversations: export it with --domain")

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ctu.config.atomic import atomic_open, atomic_write_text
 from ctu.config.redact import redact, redact_data
 from ctu.domains.base import Domain
 from ctu.observe.metrics import distribution, mean, pass_curves
@@ -161,8 +162,11 @@ def plot_pass_k(report: dict[str, Any], path: Path) -> None:
         ax.legend(fontsize=7)
     ax.set_title("pass^k / pass@k")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        with atomic_open(path, "wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+    finally:
+        plt.close(fig)
 
 
 def write_report(run_dir: str | Path, trajectories: Sequence[Trajectory], save_tokens: bool = False) -> dict[str, Any]:
@@ -170,9 +174,9 @@ def write_report(run_dir: str | Path, trajectories: Sequence[Trajectory], save_t
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = summarize(trajectories)
-    (out / "report.json").write_text(json.dumps(redact_data(report), indent=2))
-    (out / "report.md").write_text(redact(_markdown(report)))
-    with open(out / "trajectories.jsonl", "w", encoding="utf-8") as f:
+    atomic_write_text(out / "report.json", json.dumps(redact_data(report), indent=2))  # whole or not at all
+    atomic_write_text(out / "report.md", redact(_markdown(report)))
+    with atomic_open(out / "trajectories.jsonl") as f:
         for t in trajectories:
             f.write(json.dumps(redact_data(t.to_json(with_tokens=save_tokens)), ensure_ascii=False) + "\n")
     plot_pass_k(report, out / "pass_k.png")

@@ -15,7 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ctu.config.atomic import atomic_open
+from ctu.config.schema import ConfigError
 from ctu.observe.records import RecordError, Unreadable, parse_record, split_records  # noqa: F401 - re-exported
 from ctu.observe.tracking import read_evals
 from ctu.train.checkpoint import checkpoint_step, resolve_resume
@@ -54,6 +57,7 @@ def prepare_resume(config) -> str | None:
     checkpoint = resolve_resume(run_dir / "checkpoints", t.resume)
     if checkpoint is None:
         return None
+    check_shapes(config, checkpoint)
     step = checkpoint_step(checkpoint)
     evals = records["eval/history.jsonl"]
     if step >= t.max_steps and any(e.get("phase") == "final" and e["step"] == step for e in evals):
@@ -66,6 +70,27 @@ def prepare_resume(config) -> str | None:
             e["phase"] = "periodic"
         write_records(run_dir / "eval/history.jsonl", evals)
     return None
+
+
+SHAPE_KEYS = ("lora.enabled", "lora.rank", "lora.target_modules")  # what sizes the checkpoint's tensors
+
+
+def check_shapes(config, checkpoint: Path) -> None:
+    """Refuse to resume ``checkpoint`` with a setting that shapes its tensors changed, naming the key and both
+    values (from the ``config.yaml`` of the checkpoint's run; nothing to compare without one)."""
+    saved_path = checkpoint.parent.parent / "config.yaml"
+    try:
+        saved = yaml.safe_load(saved_path.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return
+    for key in SHAPE_KEYS:
+        section, name = key.split(".")
+        before = (saved.get(section) or {}).get(name) if isinstance(saved, dict) else None
+        now = getattr(getattr(config, section), name)
+        if before is not None and before != now:
+            raise ConfigError(f"trainer.resume: {key} is {json.dumps(now)}, the checkpoint's run had "
+                              f"{json.dumps(before)} ({saved_path}); its weights have that shape: resume with the "
+                              "checkpoint's value, or start a new run.dir")
 
 
 def exported(folder: Path) -> bool:

@@ -116,6 +116,26 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
         _reraise(exc, target, tmp)
 
 
+FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # the disk, a file-size limit (ulimit -f), a quota
+
+
+def space_hint(folder: str | Path) -> str:
+    """Why a write into ``folder`` may have been cut short, in words: the file-size limit (``ulimit -f``) if one is
+    set, the free space if it is low; '' when neither."""
+    import resource
+    import shutil
+
+    reasons = []
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if soft != resource.RLIM_INFINITY:
+        reasons.append(f"this process may write files of at most {soft} bytes (ulimit -f)")
+    with contextlib.suppress(OSError):
+        free = shutil.disk_usage(folder).free
+        if free < 2**30:
+            reasons.append(f"{free / 2**20:.1f} MiB free on its disk")
+    return "; ".join(reasons)
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     with atomic_open(path) as handle:
         handle.write(text)

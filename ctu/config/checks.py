@@ -24,6 +24,8 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py:
 # The floats that may be ``inf``, and what it means there. Every other float of the config must be finite: NaN
 # compares false with every bound (so ``lr: nan`` passed ``lr > 0``) and an infinity is no usable setting.
 UNLIMITED = {"trainer.grad_clip": "no gradient clipping"}
+SEED_KEYS = ("run.seed", "sampling.seed")
+MAX_SEED = 2**32 - 1  # numpy's bound; run.seed is also scaled into per-step seeds that must stay within 64 bits
 
 
 def nonfinite_problems(node: Any, key: str = "") -> list[str]:
@@ -45,10 +47,68 @@ def nonfinite_problems(node: Any, key: str = "") -> list[str]:
     return [problem for child_key, child in children for problem in nonfinite_problems(child, child_key)]
 
 
+def input_problems(config: Config) -> list[str]:
+    """Integers beyond 64 bits (no setting needs one; torch and numpy cannot take one), seeds outside
+    ``[0, 2**32 - 1]``, a domain listed twice (its episodes would count twice), a URL port out of range."""
+    out = []
+    for key in SEED_KEYS:
+        section, name = key.split(".")
+        value = getattr(getattr(config, section), name)
+        if not 0 <= value <= MAX_SEED:
+            out.append(f"{key}: must be in [0, {MAX_SEED}], got {_shown(value)}")
+    out += [p for p in int_problems(config) if p.split(":")[0] not in SEED_KEYS]
+    for i, name in enumerate(config.env.domains):
+        if name in config.env.domains[:i]:
+            out.append(f"env.domains[{i}]: '{name}' is already env.domains[{config.env.domains.index(name)}]; each "
+                       "domain is listed once (env.weights sets how often one is drawn)")
+    return out + port_problems(config)
+
+
+def int_problems(node: Any, key: str = "") -> list[str]:
+    """Every integer of a config outside the 64-bit range, one line each naming its dotted key."""
+    if isinstance(node, int) and not isinstance(node, bool):
+        if -(2**63) <= node < 2**63:
+            return []
+        return [f"{key}: must be at most {2**63 - 1} (64 bits), got {_shown(node)}"]
+    return [p for child_key, child in _children(node, key) for p in int_problems(child, child_key)]
+
+
+def _shown(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else f"an integer of {len(text.lstrip('-'))} digits"
+
+
+def _children(node: Any, key: str) -> list[tuple[str, Any]]:
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return [(f"{key}.{f.name}" if key else f.name, getattr(node, f.name)) for f in dataclasses.fields(node)]
+    if isinstance(node, dict):
+        return [(f"{key}.{k}", v) for k, v in node.items()]
+    if isinstance(node, (list, tuple)):
+        return [(f"{key}[{i}]", v) for i, v in enumerate(node)]
+    return []
+
+
+def port_problems(config: Config) -> list[str]:
+    """A URL whose port is not a number in 0-65535 fails when the first request is made; name its key now."""
+    from urllib.parse import urlsplit
+
+    out = []
+    for key in URL_KEYS:
+        section, name = key.split(".")
+        url = getattr(getattr(config, section), name)
+        if not url:
+            continue
+        try:
+            urlsplit(url).port  # noqa: B018 - raises ValueError for a bad port
+        except ValueError:
+            out.append(f"{key}: the port must be a number in 0-65535 (the URL is not shown: it may hold a password)")
+    return out
+
+
 def config_problems(config: Config) -> list[str]:
     """Everything wrong with ``config`` (unknown domains, missing files, out-of-range values), in key order.
     A NaN or infinite float is reported alone: every range check below would pass NaN."""
-    problems = nonfinite_problems(config)
+    problems = nonfinite_problems(config) or input_problems(config)
     if problems:
         return problems
     from ctu.domains import DOMAINS

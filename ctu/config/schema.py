@@ -17,6 +17,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
+from ctu.config.atomic import atomic_write_text
 from ctu.config.checks import config_problems, training_problems
 from ctu.config.derived import engines_sleep, weight_sync_mode
 from ctu.config.fields import (
@@ -39,7 +40,7 @@ from ctu.config.fields import (
     WandbConfig,
 )
 from ctu.config.redact import redact_data, remember_in
-from ctu.config.yaml_load import ConfigError, load_yaml, set_dotted
+from ctu.config.yaml_load import ConfigError, read_config_file, set_dotted
 from ctu.config.yaml_load import parse_override as parse_override  # re-exported
 
 # the config's classes and what derives from them are imported from here
@@ -151,7 +152,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
-        tree = load_yaml(p.read_text(), str(p)) or {}
+        tree = read_config_file(p) or {}
         if not isinstance(tree, dict):
             raise ConfigError(f"{p}: the top level must be a mapping")
     for text in overrides:
@@ -176,5 +177,5 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def save_config(config: Any, path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    """Written whole or not at all (a full disk or ``ulimit -f`` leaves no cut file; the error names ``path``)."""
+    atomic_write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))

@@ -11,9 +11,12 @@ itself is refused.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ctu.config.yaml_read import YamlError, load_text, read_yaml
 
 MAX_VALUES = 100_000  # scalars, lists and mappings of a config, counted with every alias expanded
 
@@ -53,11 +56,28 @@ def expanded_size(node: Any, limit: int = MAX_VALUES) -> int:
         raise ConfigError("nested too deeply") from None
 
 
-def load_yaml(text: str, where: str) -> Any:
-    """``yaml.safe_load(text)``, refused in one line starting with ``where`` (a file, an override) when it is not
-    YAML or its aliases expand past ``MAX_VALUES`` values."""
+def read_config_file(path: Path) -> Any:
+    """The YAML value of the config file ``path``, read strictly (:mod:`ctu.config.yaml_read`: repeated keys,
+    non-UTF-8 bytes and overlong integers name ``path:LINE``) and refused when its aliases expand past
+    ``MAX_VALUES`` values."""
     try:
-        value = yaml.safe_load(text)
+        value = read_yaml(path)
+    except YamlError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        expanded_size(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return value
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """The YAML value of ``text``, read strictly, refused in one line starting with ``where`` (a file, an
+    override) when it is not YAML or its aliases expand past ``MAX_VALUES`` values."""
+    try:
+        value = load_text(text)
+    except YamlError as exc:
+        raise ConfigError(f"{where}:{exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:
@@ -86,9 +106,13 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override '{text}' must look like section.key=value")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_text(raw) if raw.strip() else ""
+    except YamlError as exc:  # an overlong integer
+        raise ConfigError(f"override '{key}': {str(exc).split(': ', 1)[1]}") from None
     except yaml.YAMLError:
         value = raw
+    except RecursionError:
+        raise ConfigError(f"override '{key}': nested too deeply") from None
     try:
         expanded_size(value)
     except ConfigError as exc:

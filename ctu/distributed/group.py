@@ -182,15 +182,16 @@ class LocalTrainer(TrainerGroup):
 
     def sft(self, demos, batches, on_step=None):
         from ctu.engines.host_memory import release_memory
-        from ctu.train.update import sft_update
+        from ctu.train.update import check_loss, sft_update
 
         t = self.config.trainer
         optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=t.sft_lr, weight_decay=0.0)
         loss = 0.0
-        for batch in batches:
+        for n, batch in enumerate(batches, start=1):
             loss = sft_update(self.policy, optimizer, [demos[i] for i in batch], t.micro_batch_tokens,
                               share_prefix=t.pack_shared_prefix)
             release_memory()
+            check_loss(loss, "warm start", n, len(batches), "trainer.sft_lr", t.sft_lr)
             if on_step is not None:
                 on_step(loss)
         self.policy.rebase_reference()  # the KL reference is now the warm-started policy

@@ -37,6 +37,7 @@ from ctu.distributed.ray_setup import (
     start_ray,
     wait_started,
 )
+from ctu.train.update import check_loss
 
 REFERENCE = "reference.pt"
 
@@ -327,6 +328,7 @@ class RayTrainerGroup(TrainerGroup):
         for i, batch in enumerate(batches):
             slices = list(contiguous_slices([demos[j] for j in batch], self.world_size))
             loss = self._all("sft_step", self.config.trainer.sft_lr, i == 0, per_rank=slices, what="the warm start")[0]
+            check_loss(loss, "warm start", i + 1, len(batches), "trainer.sft_lr", self.config.trainer.sft_lr)
             if on_step is not None:
                 on_step(loss)
         self._all("rebase_reference")

@@ -18,7 +18,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -153,19 +155,81 @@ def read_domain_files(domain: str, data_dir: str | os.PathLike | None = None) ->
     return {"db": db, "policy": policy, **read_tasks(folder), "dir": folder}
 
 
+def read_json(path: Path) -> Any:
+    """The JSON value of a data file; a ``ValueError`` naming ``path:LINE`` for bytes that are not UTF-8, text that
+    is not JSON, nesting too deep or an integer longer than Python reads."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: not valid UTF-8") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError(f"{path}:1: nested too deeply: more levels of [ and {{ than Python's JSON reader follows"
+                         ) from None
+    except ValueError:  # the only other one json raises: an integer with too many digits
+        digits = re.search(rf"\d{{{sys.get_int_max_str_digits() + 1},}}", text)
+        line = text.count("\n", 0, digits.start()) + 1 if digits else 1
+        raise ValueError(f"{path}:{line}: an integer with more digits than Python reads "
+                         f"({sys.get_int_max_str_digits()})") from None
+
+
+def task_id_problem(path: Path, ids: list[str]) -> str | None:
+    """A tasks file that gives a task id twice, naming the ids; None when each is given once."""
+    first: dict[str, int] = {}
+    twice = []
+    for i, task_id in enumerate(ids):
+        if task_id in first:
+            twice.append(f"'{task_id}' (tasks #{first[task_id]} and #{i})")
+        first.setdefault(task_id, i)
+    return f"{path}: task ids appear more than once: {', '.join(twice[:5])}" if twice else None
+
+
+def split_problem(path: Path, splits: dict[str, tuple[str, ...]]) -> str | None:
+    """A split file naming a task twice in one split, or splits 'train' and 'test' sharing tasks (an evaluation on
+    tasks trained on measures nothing); None when neither."""
+    for name, ids in splits.items():
+        seen: set[str] = set()
+        for task_id in ids:
+            if task_id in seen:
+                return f"{path}: split '{name}' names task '{task_id}' twice"
+            seen.add(task_id)
+    test = set(splits.get("test", ()))
+    shared = [i for i in splits.get("train", ()) if i in test]
+    if shared:
+        return (f"{path}: splits 'train' and 'test' share task{'s' if len(shared) > 1 else ''} "
+                f"{', '.join(repr(i) for i in shared[:5])}: an evaluation on tasks trained on does not measure what "
+                "was learned")
+    return None
+
+
 def read_tasks(folder: Path) -> dict[str, Any]:
     """{'tasks': (Task, ...), 'splits': {name: ids}} from a domain folder's tasks.json and split_tasks.json."""
-    with open(folder / "tasks.json", encoding="utf-8") as f:
-        raw_tasks = json.load(f)
+    raw_tasks = read_json(folder / "tasks.json")
+    if not isinstance(raw_tasks, list):
+        raise ValueError(f"{folder / 'tasks.json'}: expected a JSON list of tau2 tasks, got {type(raw_tasks).__name__}")
     tasks = []
     for i, raw in enumerate(raw_tasks):
         try:
             tasks.append(Task.from_tau2(raw))
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"{folder / 'tasks.json'}: task #{i} is malformed: {exc!r}") from exc
     splits: dict[str, tuple[str, ...]] = {}
     split_file = folder / "split_tasks.json"
     if split_file.is_file():
-        with open(split_file, encoding="utf-8") as f:
-            splits = {k: tuple(str(i) for i in v) for k, v in json.load(f).items()}
+        raw_splits = read_json(split_file)
+        if not isinstance(raw_splits, dict):
+            raise ValueError(f"{split_file}: expected a JSON object of split names to lists of task ids, got "
+                             f"{type(raw_splits).__name__}")
+        for name, ids in raw_splits.items():
+            if not isinstance(ids, list) or not all(isinstance(i, (str, int)) for i in ids):
+                raise ValueError(f"{split_file}: split '{name}' is not a list of task ids")
+        splits = {k: tuple(str(i) for i in v) for k, v in raw_splits.items()}
+    problem = task_id_problem(folder / "tasks.json", [t.id for t in tasks]) or split_problem(split_file, splits)
+    if problem:
+        raise ValueError(problem)
     return {"tasks": tuple(tasks), "splits": splits}

@@ -78,6 +78,10 @@ def nucleus(probs: torch.Tensor, top_p: float, first: int = 256) -> torch.Tensor
     return out
 
 
+DIVERGED = ("the model's next-token probabilities are not finite numbers (NaN or inf): its weights diverged; in "
+            "training, lower trainer.lr (or trainer.sft_lr for the warm start) and start again")
+
+
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator):
     """(token ids [B], their logprobs [B]) from last-position logits [B, V].
 
@@ -92,11 +96,16 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator):
     probs = logp.exp()
     if params.top_p < 1.0:
         probs = nucleus(probs, params.top_p)
-    if isinstance(generator, list):
-        tokens = torch.cat([torch.multinomial(probs[r:r + 1], 1, generator=g).reshape(1)
-                            for r, g in enumerate(generator)])
-    else:
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    try:
+        if isinstance(generator, list):
+            tokens = torch.cat([torch.multinomial(probs[r:r + 1], 1, generator=g).reshape(1)
+                                for r, g in enumerate(generator)])
+        else:
+            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    except RuntimeError as exc:  # torch: "probability tensor contains either `inf`, `nan` or element < 0"
+        if bool(torch.isfinite(probs).all()):
+            raise
+        raise RuntimeError(DIVERGED) from exc
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 

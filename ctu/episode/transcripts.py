@@ -122,10 +122,16 @@ def check_tool_results(messages: Sequence[Mapping[str, Any]]) -> None:
 
 def parse_line(text: str) -> Transcript:
     """Validate one JSONL line of a transcript file."""
+    from ctu.episode.data.jsonfile import TOO_DEEP, check_text, value_problem
+
     try:
-        obj = json.loads(text)
+        obj = check_text(text, json.loads(text))
     except json.JSONDecodeError as exc:
         raise TranscriptError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise TranscriptError(TOO_DEEP) from None
+    except ValueError as exc:
+        raise TranscriptError(value_problem(exc)) from None
     if not isinstance(obj, dict):
         raise TranscriptError(f"expected a JSON object, got {type(obj).__name__}")
     if "task_id" not in obj or not isinstance(obj["task_id"], (str, int)):

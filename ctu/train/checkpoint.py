@@ -8,6 +8,7 @@ complete ``step_N`` directory.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -18,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from ctu.config.atomic import space_hint
 
 COMPLETE = "checkpoint.json"
 
@@ -46,12 +49,12 @@ def save_checkpoint(root: str | Path, step: int, *, model, optimizer, scheduler,
     final = root / f"step_{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step}-", dir=root))
     try:
-        torch.save(trainable_state(model), tmp / "trainable.pt")
+        _save(trainable_state(model), tmp / "trainable.pt", final)
         if reference is not None:  # what the warm start made the KL reference
-            torch.save(reference, tmp / "reference.pt")
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
-                    "extra": extra}, tmp / "state.pt")
-        (tmp / COMPLETE).write_text(json.dumps({"step": step}))
+            _save(reference, tmp / "reference.pt", final)
+        _save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
+               "extra": extra}, tmp / "state.pt", final)
+        _save(json.dumps({"step": step}), tmp / COMPLETE, final)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -61,6 +64,20 @@ def save_checkpoint(root: str | Path, step: int, *, model, optimizer, scheduler,
     for old in others[: max(0, len(others) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _save(obj: Any, path: Path, final: Path) -> None:
+    """``torch.save`` (a str: the text); a failed write (torch says only ``[enforce fail at inline_container.cc]``)
+    is one error naming the checkpoint, the file and the likely cause."""
+    try:
+        if isinstance(obj, str):
+            path.write_text(obj)
+        else:
+            torch.save(obj, path)
+    except (OSError, RuntimeError) as exc:  # torch's writer: "iostream error", "[enforce fail at ...]"
+        why = space_hint(path.parent) or "the disk is full, or a quota or file-size limit (ulimit -f) was reached"
+        raise OSError(getattr(exc, "errno", None) or errno.EIO, f"checkpoint not written ({path.name} failed): {why}",
+                      str(final)) from exc
 
 
 def load_reference(path: str | Path) -> dict[str, torch.Tensor] | None:

@@ -18,6 +18,7 @@ ranks equals the single-process update on the union of the episodes. ``reduce=No
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,21 @@ Reduce = Callable[[list[float], str], list[float]]
 
 STAT_KEYS = ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "updates",
              "planned_updates", "sampler_trainer_logprob_diff", "trained_tokens")
+
+
+
+class DivergedError(ValueError):
+    """A loss that is not a finite number: the weights diverged; the message names the step and the rate's key."""
+
+
+def check_loss(loss: float, what: str, step: int, steps: int | None, key: str, lr: float) -> float:
+    """``loss`` if finite; else stop now, naming the step and the learning rate's key (every later step would train
+    on NaN, and sampling would fail on it)."""
+    if not math.isfinite(loss):
+        of = f" of {steps}" if steps is not None else ""
+        raise DivergedError(f"{what} step {step}{of}: the loss is {loss}: the weights diverged; lower {key} ({lr:g}) "
+                            "and start again (nothing after the last checkpoint is kept)")
+    return loss
 
 
 @dataclass

@@ -10,11 +10,13 @@ from __future__ import annotations
 import codecs
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 TOO_DEEP = "nested too deeply: more levels of [ and { than Python's JSON reader follows"
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")  # a \uD800-\uDFFF escape: maybe half a pair
 _SPACE = re.compile(r"[ \t\r\n]*")  # JSON's whitespace, nothing else
 _DECODER = json.JSONDecoder()
 
@@ -35,14 +37,45 @@ def read_text(path: Path) -> str:
         raise DataError(f"{path}:{line}: not valid UTF-8") from None
 
 
+def value_problem(exc: ValueError) -> str:
+    """What a ``ValueError`` of ``json.loads`` other than a syntax error means: an overlong integer."""
+    if "integer string conversion" in str(exc):
+        return f"an integer with more digits than Python reads ({sys.get_int_max_str_digits()})"
+    return " ".join(str(exc).split())
+
+
+def check_text(text: str, value: Any) -> Any:
+    """``value`` (parsed from ``text``) if every string in it is text UTF-8 can hold; a ``ValueError`` for a lone
+    surrogate (``"\\ud800"``), which JSON accepts and every tokenizer refuses."""
+    if not _SURROGATE.search(text):
+        return value
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"a string holds a lone surrogate (\\u{ord(node[exc.start]):04x}): half of a UTF-16 "
+                                 "pair, not text") from None
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return value
+
+
 def parse_line(path: Path, line: int, text: str) -> Any:
     """One JSON Lines record; errors name ``path:line``."""
     try:
-        return json.loads(text)
+        return check_text(text, json.loads(text))
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}:{line}: not valid JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
         raise DataError(f"{path}:{line}: {TOO_DEEP}") from None
+    except ValueError as exc:
+        raise DataError(f"{path}:{line}: {value_problem(exc)}") from None
 
 
 def records(path: Path) -> Iterator[tuple[int, Any]]:
@@ -64,11 +97,13 @@ def load(path: Path) -> Any:
     if text.startswith("[", start):
         return [value for _, value in _array(path, text, start)]
     try:
-        return json.loads(text)
+        return check_text(text, json.loads(text))
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
         raise DataError(f"{path}:{_line_at(text, start)}: {TOO_DEEP}") from None
+    except ValueError as exc:
+        raise DataError(f"{path}:{_line_at(text, start)}: {value_problem(exc)}") from None
 
 
 def _line_at(text: str, pos: int) -> int:
@@ -84,11 +119,14 @@ def _array(path: Path, text: str, pos: int) -> Iterator[tuple[int, Any]]:
             raise DataError(f"{path}:{_line_at(text, len(text.rstrip()))}: the JSON array is not closed")
         line, counted = line + text.count("\n", counted, pos), pos
         try:
-            value, pos = _DECODER.raw_decode(text, pos)
+            value, end_pos = _DECODER.raw_decode(text, pos)
+            value, pos = check_text(text[pos:end_pos], value), end_pos
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
         except RecursionError:
             raise DataError(f"{path}:{line}: {TOO_DEEP}") from None
+        except ValueError as exc:
+            raise DataError(f"{path}:{line}: {value_problem(exc)}") from None
         yield line, value
         pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]  # matches the empty string
         if text.startswith(",", pos):

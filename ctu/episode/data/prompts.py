@@ -24,6 +24,7 @@ from typing import Any
 
 from ctu.config.atomic import atomic_open, atomic_write_text, check_target
 from ctu.domains.base import Domain, Task
+from ctu.domains.tau2_data import split_problem, task_id_problem
 from ctu.episode.data.conversations import DataError
 from ctu.episode.data.jsonfile import load
 from ctu.episode.env import Episode
@@ -187,6 +188,9 @@ def load_tasks(path: str | Path) -> tuple[tuple[Task, ...], dict[str, tuple[str,
             tasks.append(Task.from_tau2(entry))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DataError(f"{p}: task #{i} is malformed: {exc!r}") from None
+    problem = task_id_problem(p, [t.id for t in tasks])
+    if problem:
+        raise DataError(problem)
     split_file = p.with_name("split_tasks.json")
     return tuple(tasks), (read_splits(split_file) if split_file.is_file() else None)
 
@@ -200,4 +204,8 @@ def read_splits(path: Path) -> dict[str, tuple[str, ...]]:
     for name, ids in raw.items():
         if not isinstance(ids, list) or not all(isinstance(i, (str, int)) for i in ids):
             raise DataError(f"{path}: split '{name}' is not a list of task ids")
-    return {k: tuple(str(i) for i in v) for k, v in raw.items()}
+    splits = {k: tuple(str(i) for i in v) for k, v in raw.items()}
+    problem = split_problem(path, splits)
+    if problem:
+        raise DataError(problem)
+    return splits

@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+from ctu.config.atomic import _alive, _host
 from ctu.config.runlock import describe_non_directory, not_a_folder
 from ctu.episode.data.conversations import DataError
 from ctu.episode.data.prompts import task_to_tau2
 
 TASKS, SPLITS = "tasks.json", "split_tasks.json"
+STAGE = ".ctu-import-"
+_STAGE = re.compile(r"\.ctu-import-(?:(?P<host>[A-Za-z0-9_-]*)\.(?P<pid>[0-9]+)\.)?[A-Za-z0-9_]+$")
+STALE_AFTER_S = 3600  # a staging folder whose owner cannot be checked: an import takes seconds, not an hour
 
 
 def task_folder(out: Path, domain: str) -> Path:
@@ -50,8 +56,9 @@ def write_task_folders(out: str | Path, entries: dict[str, dict[str, Any]]) -> d
     folders = {domain: task_folder(out, domain) for domain in entries}
     texts = {domain: task_files(entry) for domain, entry in entries.items()}
     made = _make_dirs(out)
+    remove_stale_stages(out)
     try:
-        stage = Path(tempfile.mkdtemp(prefix=".ctu-import-", dir=out))
+        stage = Path(tempfile.mkdtemp(prefix=stage_prefix(os.getpid()), dir=out))
     except BaseException:
         _remove_dirs(made)
         raise
@@ -76,6 +83,38 @@ def write_task_folders(out: str | Path, entries: dict[str, dict[str, Any]]) -> d
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return {domain: (folder / TASKS).resolve() for domain, folder in folders.items()}
+
+
+def stage_prefix(pid: int) -> str:
+    """The start of the staging folder's name of the import run by ``pid`` on this host."""
+    return f"{STAGE}{_host()}.{pid}."
+
+
+def remove_stale_stages(out: Path) -> list[Path]:
+    """Remove the staging folders in ``out`` that imports killed before their cleanup left (kill -9 during the
+    renames): those named by a pid on this host that is no longer running, and any older than an hour whose owner
+    cannot be checked (another host, or a name without the pid). Only folders of ctu's names are touched."""
+    removed: list[Path] = []
+    try:
+        names = os.listdir(out)
+    except OSError:
+        return removed
+    for name in names:
+        match = _STAGE.match(name)
+        path = out / name
+        if match is None or path.is_symlink() or not path.is_dir():
+            continue
+        if match["pid"] is not None and match["host"] == _host():
+            stale = int(match["pid"]) != os.getpid() and not _alive(int(match["pid"]))
+        else:
+            try:
+                stale = time.time() - path.stat().st_mtime > STALE_AFTER_S
+            except OSError:
+                continue
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def _write_synced(path: Path, text: str) -> None:

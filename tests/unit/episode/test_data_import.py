@@ -94,3 +94,32 @@ def test_a_failed_write_removes_what_it_staged_and_the_folders_it_made(tmp_path,
     assert main(["data", "import", str(source), "--out", str(out)]) == 1
     assert "No space left on device" in capsys.readouterr().err
     assert files(tmp_path) == ["p.parquet"]
+
+
+def test_an_import_removes_the_staging_folders_of_killed_imports_only(tmp_path, capsys):
+    import os
+    import subprocess
+    import time
+
+    from ctu.config.atomic import _host
+    from ctu.episode.data.task_import import stage_prefix
+
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    killed = out / f"{stage_prefix(dead.pid)}abcd1234"  # a kill -9 during the renames left it
+    live = out / f"{stage_prefix(os.getppid())}abcd1234"  # an import running now
+    old = out / ".ctu-import-k3j_x9q2"  # an older ctu's name, without the pid: removed once an hour old
+    young = out / ".ctu-import-young123"
+    other_host = out / f"{stage_prefix(dead.pid).replace(_host(), 'elsewhere')}abcd1234"
+    mine = out / ".ctu-import-notes"  # a file of the user's, not a folder ctu made
+    for folder in (killed, live, old, young, other_host):
+        (folder / "mini").mkdir(parents=True)
+        (folder / "mini" / "tasks.json").write_text("[]")
+    mine.write_text("keep")
+    an_hour_ago = time.time() - 3700
+    os.utime(old, (an_hour_ago, an_hour_ago))
+    assert main(["data", "import", str(two_domains(tmp_path)), "--out", str(out)]) == 0
+    left = sorted(p.name for p in out.iterdir())
+    assert left == sorted(["bad", "good", live.name, young.name, other_host.name, mine.name])
