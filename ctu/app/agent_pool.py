@@ -138,7 +138,8 @@ class AgentPool(LocalPool):
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         judge = self.judge if judge_enabled else None
         out: list[Trajectory | None] = [None] * len(specs)
-        waiting, running = deque(range(len(specs))), {}
+        waiting: deque[int] = deque(range(len(specs)))
+        running: dict[int, AgentRun] = {}
         self.proxy.call(lambda: self.episodes.begin(params))
         try:
             while waiting or running:
@@ -156,9 +157,9 @@ class AgentPool(LocalPool):
                         continue
                     del running[i]
                     self._slots.release()
-                    out[i] = self._finish(agent, error, judge, call)
+                    out[i] = done = self._finish(agent, error, judge, call)
                     if on_done is not None:
-                        on_done(out[i])
+                        on_done(done)
         finally:
             for agent in running.values():  # interrupted: no agent outlives the run
                 agent.stop()

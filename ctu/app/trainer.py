@@ -34,6 +34,7 @@ from ctu.config.rundir import check_run_dir, mark_run_dir, overwrite_problem, re
 from ctu.config.runlock import RunDirLock
 from ctu.config.schema import Config, ConfigError, save_config, to_dict, training_problems
 from ctu.distributed.group import LocalTrainer, TrainerGroup, sft_batches
+from ctu.distributed.pool import RolloutPool
 from ctu.distributed.ray_setup import preflight
 from ctu.engines.host_memory import release_memory
 from ctu.observe.metrics import distribution, mean, peak_rss_gib
@@ -119,6 +120,7 @@ class Trainer:
         self.user = build.build_user(config)
         self.judge = build.build_judge(config)
         self.engine = None
+        self.pool: RolloutPool
         if config.distributed.rollout_workers:  # Ray actors, each with its own engine, domains and user
             from ctu.distributed.ray_pool import RayPool
 
@@ -131,10 +133,12 @@ class Trainer:
 
             shared = engine_model(self.group, config) if config.engine.kind == "hf" else None
             self.engine = build.build_engine(config, model=shared, tokenizer=self.group.tokenizer)
-            pool = LocalPool
             if config.agent.command:  # bring your own agent (docs/agents.md): its program plays each episode
-                from ctu.app.agent_pool import AgentPool as pool
-            self.pool = pool.from_config(config, self.engine, self.chat, self.user, judge=self.judge)
+                from ctu.app.agent_pool import AgentPool
+
+                self.pool = AgentPool.from_config(config, self.engine, self.chat, self.user, judge=self.judge)
+            else:
+                self.pool = LocalPool.from_config(config, self.engine, self.chat, self.user, judge=self.judge)
         if config.trainer.max_staleness:  # a background producer beside any pool (docs/async.md)
             from ctu.distributed.async_rollout import AsyncPool
 
@@ -247,6 +251,9 @@ class Trainer:
         sync_s = sync.pop("seconds")
         tokens = sum(sum(tr.loss_mask) for tr in trajectories)
         scored = [tr for tr in trajectories if tr.stop_reason != "error"]
+        timing = {"rollout_s": rollout_s, "update_s": time.perf_counter() - update_started, "sync_s": sync_s,
+                  "step_s": time.perf_counter() - started, "peak_rss_gib": peak_rss_gib(),
+                  "tokens_per_s": tokens / max(1e-9, time.perf_counter() - started)}
         metrics = {
             "rollout": {"reward": mean(tr.reward for tr in scored), "success": mean(float(tr.success) for tr in scored),
                         "shaped_reward": mean(rewards.shaped), "kl_penalty": mean(kl_penalties),
@@ -263,12 +270,10 @@ class Trainer:
                            for d in self.domains},
             "train": stats,
             "sync": sync,
-            "timing": {"rollout_s": rollout_s, "update_s": time.perf_counter() - update_started, "sync_s": sync_s,
-                       "step_s": time.perf_counter() - started, "peak_rss_gib": peak_rss_gib(),
-                       "tokens_per_s": tokens / max(1e-9, time.perf_counter() - started)},
+            "timing": timing,
         }
         if self.rollouts is not None:
-            metrics["async"] = self.rollouts.step_metrics(metrics["timing"]["step_s"])
+            metrics["async"] = self.rollouts.step_metrics(timing["step_s"])
         return {"metrics": metrics, "trajectories": trajectories}
 
     def replay_demos(self) -> list:

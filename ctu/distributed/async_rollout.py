@@ -187,6 +187,7 @@ class RolloutProducer:
     async def _produce(self) -> None:
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         if self.player is None:
+            assert self.engine is not None  # no player: episodes are played here, on this engine
             self.batcher = GenerationBatcher(self.engine, self.max_batch_size)
         gate = asyncio.Semaphore(max(1, self.concurrency))
         tasks: set[asyncio.Task] = set()
@@ -237,13 +238,14 @@ class RolloutProducer:
             self.group_seconds += seconds
             self.done.put(Group(index, trajectories, None, seconds))
             return
-        assert self.engine is not None  # no player: episodes are played here, on this engine
+        assert self.engine is not None and self.batcher is not None and self.limits is not None  # played here
         started, version = time.perf_counter(), self.engine.weights_version
+        batcher, limits = self.batcher, self.limits
 
         async def one(i: int) -> Trajectory:
             async with gate:
-                return await run_episode(EpisodeSpec(domain, task, i), self.chat, self.batcher, self.user, params,
-                                         self.limits, None, seed=seed + i)
+                return await run_episode(EpisodeSpec(domain, task, i), self.chat, batcher, self.user, params,
+                                         limits, None, seed=seed + i)
 
         trajectories = list(await asyncio.gather(*(one(i) for i in range(self.samples_per_task))))
         self.done.put(Group(index, trajectories, version, time.perf_counter() - started))
