@@ -29,6 +29,7 @@ class AsyncRollouts:
         self.producer: RolloutProducer | None = None
         self.stats: dict[str, float] = {}
         self._engine_mark = 0.0
+        self._cut_mark = 0
 
     @classmethod
     def of(cls, trainer) -> AsyncRollouts | None:
@@ -112,6 +113,9 @@ class AsyncRollouts:
         engine waited (engine idle: the step's wall time outside engine calls)."""
         busy = self.producer.engine_seconds() if self.producer is not None else 0.0
         engine_busy, self._engine_mark = busy - self._engine_mark, busy
+        cut = getattr(getattr(self.trainer.pool, "engine", None), "interrupted_rows", None)  # trainer.inflight
+        if isinstance(cut, int):
+            self.stats["interrupted_rows"], self._cut_mark = cut - self._cut_mark, cut
         wait = self.stats.get("trainer_wait_s", 0.0)
         return {**self.stats, "engine_busy_s": engine_busy, "engine_idle_s": max(0.0, step_s - engine_busy),
                 "trainer_busy_s": max(0.0, step_s - wait),

@@ -171,6 +171,9 @@ class TrainerConfig:
     # asynchronous RL (docs/async.md): 0 is the synchronous loop; k > 0 keeps sampling the next steps' groups in a
     # background worker while the trainer updates, and a step trains only on groups sampled at most k versions ago
     max_staleness: int = 0
+    # a weight load while a generation call runs: finish it on the old weights, abort its unfinished rows and
+    # sample them again on the new ones, or continue them on the new ones (hf engine; docs/async.md)
+    inflight: Literal["finish", "abort", "continue"] = "finish"
     entropy_coef: float = 0.0
     gradient_checkpointing: bool = False
     # the trainer's passes (warm start, RL update) autocast to bf16 over the fp32 weights; the in-process engine

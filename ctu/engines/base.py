@@ -51,10 +51,20 @@ class Completion:
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     version: int | None = None
+    # per token, where weights changed mid-completion (``trainer.inflight=continue``); None: all ``version``
+    token_versions: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(f"{len(self.token_ids)} token ids but {len(self.logprobs)} logprobs")
+        if self.token_versions is not None and len(self.token_versions) != len(self.token_ids):
+            raise ValueError(f"{len(self.token_ids)} token ids but {len(self.token_versions)} versions")
+
+    def versions(self) -> list[int]:
+        """The version of each token (-1 where unknown)."""
+        if self.token_versions is not None:
+            return list(self.token_versions)
+        return [-1 if self.version is None else self.version] * len(self.token_ids)
 
 
 class Engine(ABC):

@@ -113,7 +113,7 @@ class HFEngine(Engine):
     """Generation with a Hugging Face causal LM in this process (CPU or CUDA)."""
 
     def __init__(self, model_or_name, tokenizer=None, device: str | None = None, dtype=None, max_batch_size: int = 64,
-                 kv_reuse: bool = True, kv_cache_tokens: int = 32768):
+                 kv_reuse: bool = True, kv_cache_tokens: int = 32768, inflight: str = "finish"):
         if isinstance(model_or_name, str):
             from ctu.engines.models import load_model, load_tokenizer
 
@@ -132,6 +132,14 @@ class HFEngine(Engine):
         self._weights_seen: int | None = None
         self._released: deque[tuple[int, ...]] = deque()
         self.rows_retired = 0  # rows that left a batch early (finished before the others): not decoded further
+        # a weight load during a generation call (trainer.inflight): "finish" waits for the call; "abort" stops its
+        # unfinished rows at the next token, loads, and samples them again; "continue" loads, then goes on from
+        # the tokens sampled so far (each token stamped with the version that sampled it)
+        self.inflight = inflight
+        self._loads = threading.Condition()
+        self._pending_loads = 0  # update_weights calls waiting for the lock
+        self.interrupted_rows = 0  # rows stopped by a load (abort / continue)
+        self.decode_steps = 0
 
     @property
     def device(self) -> torch.device:
@@ -157,27 +165,66 @@ class HFEngine(Engine):
                          for i in range(len(prompts)) for j in range(params.n)]
         elif params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        done: dict[int, Completion] = {}
+        sampled: dict[int, tuple[list[int], list[float], list[int]]] = {}  # continue: tokens before a load
+        pending = list(range(len(rows)))
+        while pending:
+            pending = self._generate_rows(rows, pending, params, generator, done, sampled)
+            if pending:  # stopped by a load: it goes first, then the rows go on (or start again)
+                with self._loads:
+                    self._loads.wait_for(lambda: self._pending_loads == 0)
         results: list[list[Completion]] = [[] for _ in prompts]
+        for k, (i, _) in enumerate(rows):
+            results[i].append(done[k])
+        return results
+
+    def _generate_rows(self, rows, pending: list[int], params: SamplingParams, generator, done: dict,
+                       sampled: dict) -> list[int]:
+        """Generate ``pending`` rows under the lock, in batches; returns the rows a weight load stopped (with every
+        batch not yet started), to be generated after it."""
+        interruptible = self.inflight in ("abort", "continue")
         with self._lock:
             was_training = self.model.training
             self.model.eval()
             try:
                 self._tidy_cache()
                 with compute_context(self.model):  # the trainer's compute dtype when the policy's model is shared
-                    for start in range(0, len(rows), self.max_batch_size):
-                        chunk = rows[start:start + self.max_batch_size]
-                        gens = generator[start:start + self.max_batch_size] if isinstance(generator, list) else generator
-                        for (i, _), completion in zip(chunk, self._generate_batch([p for _, p in chunk], params, gens),
-                                                      strict=True):
-                            results[i].append(completion)
+                    for start in range(0, len(pending), self.max_batch_size):
+                        if interruptible and self._pending_loads:
+                            return pending[start:]
+                        chunk = pending[start:start + self.max_batch_size]
+                        before = [sampled.get(k, ([], [], [])) for k in chunk]
+                        gens = [generator[k] for k in chunk] if isinstance(generator, list) else generator
+                        completions, cut = self._generate_batch(
+                            [rows[k][1] + b[0] for k, b in zip(chunk, before, strict=True)], params, gens,
+                            [params.max_tokens - len(b[0]) for b in before], interruptible)
+                        version = self.weights_version
+                        for j, (k, c) in enumerate(zip(chunk, completions, strict=True)):
+                            ids, lps, vs = before[j]
+                            ids, lps = ids + list(c.token_ids), lps + list(c.logprobs)
+                            vs = vs + [-1 if version is None else version] * len(c.token_ids)
+                            if j in cut:
+                                self.interrupted_rows += 1
+                                sampled[k] = (ids, lps, vs) if self.inflight == "continue" else ([], [], [])
+                                continue
+                            sampled.pop(k, None)
+                            mixed = len(set(vs)) > 1
+                            done[k] = Completion(tuple(ids), tuple(lps), c.finish_reason, min(vs) if mixed else version,
+                                                 tuple(vs) if mixed else None)
+                        if cut:
+                            return [k for j, k in enumerate(chunk) if j in cut] + pending[start + len(chunk):]
             finally:
                 self.model.train(was_training)
                 if self.device.type == "cpu":  # the freed KV of this call's batch: its holes back to the OS now
                     trim_heap()
-        return results
+        return []
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, generator) -> list[Completion]:
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, generator,
+                        budgets: list[int] | None = None, interruptible: bool = False) -> tuple[list[Completion], set[int]]:
+        """One batch: its completions, and the rows a pending weight load stopped (``interruptible``) before they
+        finished. ``budgets``: each row's token budget (default ``params.max_tokens``)."""
+        budgets = budgets if budgets is not None else [params.max_tokens] * len(prompts)
         stop_ids = set(params.stop_token_ids) | self.eos_ids
         out_ids: list[list[int]] = [[] for _ in prompts]
         out_lp: list[list[float]] = [[] for _ in prompts]
@@ -198,7 +245,13 @@ class HFEngine(Engine):
         # Finished rows leave the batch (their KV kept first) when no shared generator's draws depend on the
         # batch's shape; with kv_reuse off the engine decodes every row to the batch's end, as it always did.
         prune = batch is not None and (params.temperature == 0 or not isinstance(generator, torch.Generator))
-        for _ in range(params.max_tokens):
+        cut: set[int] = set()
+        for row, budget in enumerate(budgets):
+            if budget <= 0:
+                reason[row] = "length"
+        for _ in range(max(budgets, default=0)):
+            if all(r is not None for r in reason):
+                break
             gens = [generator[r] for r in live] if isinstance(generator, list) else generator
             tokens, logprobs = sample_next(logits, params, gens)
             for row, tok, lp in zip(live, tokens.tolist(), logprobs.tolist(), strict=True):
@@ -210,7 +263,15 @@ class HFEngine(Engine):
                     reason[row] = "stop"
                 elif params.stop and self._cut_at_stop_string(out_ids[row], out_lp[row], params.stop):
                     reason[row] = "stop"
+                elif len(out_ids[row]) >= budgets[row]:
+                    reason[row] = "length"
+            self.decode_steps += 1
             if all(r is not None for r in reason):
+                break
+            if interruptible and self._pending_loads:  # a weight load waits: stop here (trainer.inflight)
+                cut = {row for row in range(len(prompts)) if reason[row] is None}
+                for row in cut:
+                    reason[row] = "length"
                 break
             finished = [j for j, row in enumerate(live) if reason[row] is not None]
             if prune and finished and 4 * len(finished) >= len(live):  # copying the cache pays off
@@ -235,7 +296,7 @@ class HFEngine(Engine):
                 self._keep(batch, row, past, mask, j, fed, out_ids)
         version = self.weights_version  # read under the lock: update_weights cannot change it mid-batch
         return [Completion(tuple(ids), tuple(lps), r or "length", version)  # type: ignore[arg-type]  # 'stop' or None
-                for ids, lps, r in zip(out_ids, out_lp, reason, strict=True)]
+                for ids, lps, r in zip(out_ids, out_lp, reason, strict=True)], cut
 
     def _prefix_kv(self, ids: tuple[int, ...]) -> kvr.Prefix | None:
         """The KV of a shared prefix (batch 1), or None when the model's cache cannot be reused (sliding windows)."""
@@ -311,6 +372,16 @@ class HFEngine(Engine):
         params = dict(self.model.named_parameters())
         buffers = dict(self.model.named_buffers())
         unknown: list[str] = []
+        with self._loads:  # seen by a generation call in flight (trainer.inflight=abort|continue)
+            self._pending_loads += 1
+        try:
+            self._load(named_tensors, params, buffers, unknown, version)
+        finally:
+            with self._loads:
+                self._pending_loads -= 1
+                self._loads.notify_all()
+
+    def _load(self, named_tensors, params, buffers, unknown: list[str], version: int | None) -> None:
         loaded = 0
         with self._lock, torch.no_grad():
             for name, tensor in named_tensors:

@@ -189,7 +189,7 @@ class ExternalEpisodes:
         version = completion.version if completion.version is not None else self.engine.weights_version
         ids, logprobs = list(completion.token_ids), [float(x) for x in completion.logprobs]
         state.records.append(TurnRecord(tuple(prompt), tuple(ids), tuple(logprobs),
-                                        self.version if version is None else version))
+                                        self.version if version is None else version, completion.token_versions))
         parsed = parse_model_output(self.chat.decode_generated(ids))
         state.parse_failures += parsed.failed
         state.tool_calls += len(parsed.tool_calls)

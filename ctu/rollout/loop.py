@@ -254,7 +254,7 @@ async def run_episode(
         finally:
             model_s += time.perf_counter() - started
         seq.add_generated(list(completion.token_ids), list(completion.logprobs))
-        versions += [-1 if completion.version is None else completion.version] * len(completion.token_ids)
+        versions += completion.versions()
         text = chat.decode_generated(completion.token_ids)
         turn, failed = _turn_from_text(text)
         parse_failures += failed

@@ -27,6 +27,7 @@ class TurnRecord:
     completion_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     version: int  # the policy version of the weights that sampled ``completion_ids``
+    token_versions: tuple[int, ...] | None = None  # per id, where the weights changed mid-completion
 
     def __post_init__(self) -> None:
         if len(self.completion_ids) != len(self.logprobs):
@@ -76,7 +77,7 @@ def stitch(records: Sequence[TurnRecord]) -> list[TokenSample]:
                 samples.append(_close(seq, versions, turns))
             seq, versions, turns = TokenSequence.start(record.prompt_ids), [], 0
         seq.add_generated(record.completion_ids, record.logprobs)
-        versions += [record.version] * len(record.completion_ids)
+        versions += list(record.token_versions or [record.version] * len(record.completion_ids))
         turns += 1
     if seq is not None:
         samples.append(_close(seq, versions, turns))

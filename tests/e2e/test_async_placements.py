@@ -133,3 +133,12 @@ def test_an_engine_that_keeps_its_old_weights_stops_the_run(tmp_path, cpu_only, 
     monkeypatch.setattr("ctu.train.sync.check_parity", lambda diff, tolerance: None)  # the probe alone would catch it
     with pytest.raises(ParityError, match=r"engine 0 acknowledged the weights of version 1 but holds other ones"):
         run_k(tmp_path / "run", steps=1)
+
+
+@pytest.mark.parametrize("mode", ["abort", "continue"])
+def test_partial_rollouts_keep_the_staleness_bound(tmp_path, cpu_only, mode):
+    """trainer.inflight=abort|continue: a load stops the producer's generation calls at a token boundary (the
+    engine's own test pins the tokens and logprobs); the run trains as before, every token within k versions."""
+    _, rows = run_k(tmp_path / "run", f"trainer.inflight={mode}", "sampling.max_tokens=24")
+    check_async_rows(rows)
+    assert all("async/interrupted_rows" in r for r in rows)
