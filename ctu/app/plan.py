@@ -239,6 +239,13 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
     train = persistent + parts["gradients (fp32)"] + max(forward, step_temp)
     rollout = persistent  # gradients are freed (set to None) right after the optimizer step
     kind, k = config.engine.kind, where.engines
+    served = kind == "served" and bool(getattr(config.engine, "launch", False))  # a server ctu starts on this GPU
+    if served:  # vLLM beside the trainer, awake through updates (it does not sleep), its fraction as launched
+        kind = "vllm"
+        notes.append(f"engine.launch=true: the vLLM server ctu starts shares this GPU with --gpu-memory-utilization "
+                     f"{config.engine.gpu_memory_utilization} and stays awake through updates")
+    elif kind == "served":
+        notes.append("engine.base_url: the served engine's server runs elsewhere (not counted here)")
     if where.engines > 1:
         notes.append(f"{k} rollout workers share each trainer GPU: their engines count {k} times")
     if kind == "vllm" and cuda:
@@ -273,7 +280,7 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
         if k:
             parts["vLLM CUDA graphs (outside fraction, asleep)"] = k * VLLM_CUDA_GRAPHS
         rollout += k * (fraction + VLLM_CUDA_GRAPHS)
-        if config.engine.colocated and k:
+        if config.engine.colocated and k and not served:
             train += k * VLLM_CUDA_GRAPHS
             level = sleep_level(config)
             notes.append(f"vLLM sleep level {level} during updates: " + (
@@ -281,7 +288,8 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
                 "weights discarded (the merged sync rewrites them all), nothing pinned on the host"))
         elif k:
             train += k * fraction + k * VLLM_CUDA_GRAPHS
-            notes.append("engine.colocated=false: vLLM stays awake on this GPU during updates")
+            if not served:
+                notes.append("engine.colocated=false: vLLM stays awake on this GPU during updates")
     elif kind == "hf":
         parts["hf engine KV cache (bound)"] = (kv_bytes_per_token(a, b) * config.engine.max_batch_size
                                                * config.env.max_context_tokens)
@@ -337,7 +345,7 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
     if n > 1 and not getattr(getattr(config, "distributed", None), "trainer_workers", 0):
         notes.append(f"{n} GPUs assume FSDP2 FULL_SHARD over {n} trainer ranks: `ctu train` needs "
                      f"distributed.trainer_workers={n} for that (without it, it trains on one GPU)")
-    pinned = host_pinned(config, k, p) if kind == "vllm" and cuda else 0
+    pinned = host_pinned(config, k, p) if kind == "vllm" and cuda and not served else 0
     return Plan(config.model.path, gpus, memory, p, trainable, parts, other, train, rollout, notes, problems, sync,
                 pinned, export, export_host_bytes(a, config))
 

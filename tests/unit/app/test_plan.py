@@ -152,3 +152,18 @@ def test_async_hf_counts_the_producers_model_copy_in_every_phase():
     small = 1.05 * sync.train_total / 2**30  # enough for the synchronous run, not the asynchronous one
     assert plan(_cfg(None, *common), 1, small).fits
     assert not plan(_cfg(None, *common, "trainer.max_staleness=1", "trainer.tis_cap=2.0"), 1, small).fits
+
+
+def test_a_launched_served_engine_counts_its_fraction_in_every_phase_and_an_attached_one_nowhere():
+    """engine.launch=true starts vLLM on the trainer's GPU with engine.gpu_memory_utilization and it never sleeps:
+    its fraction counts while training too (a colocated in-process vLLM's counts only while rolling out). An
+    attached server (engine.base_url) is elsewhere."""
+    colocated = plan(_cfg(SEVEN_B), 8, 80.0)
+    launched = plan(_cfg(SEVEN_B, "engine.kind=served", "engine.launch=true"), 8, 80.0)
+    attached = plan(_cfg(SEVEN_B, "engine.kind=served", "engine.base_url=http://127.0.0.1:8000/v1"), 8, 80.0)
+    fraction = int(0.4 * 80 * 2**30)
+    assert launched.train_total - colocated.train_total == pytest.approx(fraction - 2**30, rel=0.1)
+    assert any("engine.launch=true" in note for note in launched.notes) and launched.host_pinned == 0
+    assert "vLLM KV cache" not in attached.parts and attached.train_total < launched.train_total
+    small = plan(_cfg(SEVEN_B, "engine.kind=served", "engine.launch=true", "engine.gpu_memory_utilization=0.2"), 8, 80.0)
+    assert not small.fits and "vLLM KV cache" in small.problems[0]
