@@ -56,6 +56,15 @@ def expanded_size(node: Any, limit: int = MAX_VALUES) -> int:
         raise ConfigError("nested too deeply") from None
 
 
+def bounded(value: Any, where: str) -> Any:
+    """``value``, refused in one line starting with ``where`` when its aliases expand past ``MAX_VALUES`` values."""
+    try:
+        expanded_size(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return value
+
+
 def read_config_file(path: Path) -> Any:
     """The YAML value of the config file ``path``, read strictly (:mod:`ctu.config.yaml_read`: repeated keys,
     non-UTF-8 bytes and overlong integers name ``path:LINE``) and refused when its aliases expand past
@@ -64,11 +73,7 @@ def read_config_file(path: Path) -> Any:
         value = read_yaml(path)
     except YamlError as exc:
         raise ConfigError(str(exc)) from None
-    try:
-        expanded_size(value)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    return value
+    return bounded(value, str(path))
 
 
 def load_yaml(text: str, where: str) -> Any:
@@ -82,11 +87,7 @@ def load_yaml(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: not valid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:
         raise ConfigError(f"{where}: nested too deeply") from None
-    try:
-        expanded_size(value)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    return value
+    return bounded(value, where)
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -113,8 +114,4 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = raw
     except RecursionError:
         raise ConfigError(f"override '{key}': nested too deeply") from None
-    try:
-        expanded_size(value)
-    except ConfigError as exc:
-        raise ConfigError(f"override '{key}': {exc}") from None
-    return key, value
+    return key, bounded(value, f"override '{key}'")
