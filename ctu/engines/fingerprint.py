@@ -5,8 +5,10 @@ still carries the new stamp. A fingerprint is computed by the engine from the te
 trainer from the tensors it sent, and the two must agree: ``(count, sum, sum of squares)`` of every value, in
 float64, after casting to the engine's dtype. Sums do not depend on how an engine lays the weights out: vLLM's
 fused projections (q/k/v, gate/up) are concatenations, its vocabulary padding holds zeros, and a tied lm_head is
-one tensor, so they leave the three numbers as the Hugging Face tensors give them (counts aside: a padded
-vocabulary adds zeros, so counts are not compared). Two loads of different values differ in the sum of squares
+one tensor, so they leave the three numbers as the Hugging Face tensors give them (a padded vocabulary adds
+zeros: an engine may hold more values, never fewer). An engine whose parameters show fewer values than were sent
+hides some weights (vLLM's CPU kernels keep linear weights packed outside their parameters): its fingerprint is
+not compared, and the load is checked by version and parity alone. Two loads of different values differ in the sum of squares
 unless their changes cancel to the last float64 bit; float64 summation order moves it by ~1e-16 relative.
 
 Where an engine computes it: :class:`~ctu.engines.hf.HFEngine` over its model; vLLM (in process and served)
@@ -89,6 +91,13 @@ def of_module(module) -> Fingerprint:
     return Fingerprint(count, total, squares, dtype)
 
 
+def hidden(held: Fingerprint, want: Fingerprint) -> bool:
+    """Whether the engine's parameters hide some of the weights it computes with: fewer values than were sent
+    (vLLM's CPU kernels repack every linear weight into an opaque oneDNN handle and leave an empty parameter).
+    Its fingerprint then says nothing about the load."""
+    return held.count < want.count
+
+
 def mismatch(engines: Sequence[Fingerprint | None], sent: Accumulator | None, version: int) -> str | None:
     """Why the engines' fingerprints are not the trainer's (one line), or None: all agree or cannot be told."""
     if sent is None:
@@ -97,7 +106,7 @@ def mismatch(engines: Sequence[Fingerprint | None], sent: Accumulator | None, ve
         if held is None:
             continue
         want = sent.fingerprint(held.dtype)
-        if want is not None and not matches(held, want):
+        if want is not None and not hidden(held, want) and not matches(held, want):
             return (f"engine {k} acknowledged the weights of version {version} but holds other ones: fingerprint "
                     f"(sum {held.total:.9g}, sum of squares {held.squares:.9g}, {held.dtype}) against the trainer's "
                     f"(sum {want.total:.9g}, sum of squares {want.squares:.9g}); it did not load what was sent")

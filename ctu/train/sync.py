@@ -12,14 +12,17 @@ the run too (a bf16 probe cannot see a stale sync at small learning rates).
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 
 from ctu.config.schema import Config, engines_sleep, weight_sync_mode
-from ctu.engines.fingerprint import Accumulator, mismatch
+from ctu.engines.fingerprint import Accumulator, hidden, mismatch
 from ctu.engines.parity import ParityError, check_parity, check_versions, default_parity_tolerance
 from ctu.train.weights import hf_name
+
+log = logging.getLogger(__name__)
 
 
 def base_named_tensors(model: torch.nn.Module):
@@ -64,6 +67,7 @@ class WeightSync:
         self.shares_model = model is not None and getattr(getattr(pool, "engine", None), "model", None) is model
         self.version = -1
         self.base_changed = False  # the engine's base weights must be (re)sent before adapter-only syncs
+        self._warned_blind = False
 
     def base_change_problem(self, key: str, why: str) -> str | None:
         """Why this run's engine cannot take a new base (the warm start or a resumed rebase merged into it), in
@@ -74,6 +78,16 @@ class WeightSync:
         return (f"{key}: {why} merges into the base weights, which the served engine reloads only through the "
                 "server's dev routes, and its server has none: start it with VLLM_SERVER_DEV_MODE=1, or train "
                 "without a warm start (trainer.sft_steps=0)")
+
+    def _check_fingerprints(self, held: list, sent: Accumulator, version: int) -> None:
+        if problem := mismatch(held, sent, version):
+            raise ParityError(problem)  # acknowledged and stamped, yet not what was sent
+        blind = [(f.count, w.count) for f in held if f is not None and (w := sent.fingerprint(f.dtype)) is not None
+                 and hidden(f, w)]
+        if blind and not self._warned_blind:
+            self._warned_blind = True
+            log.warning("the engine's parameters hold %d values of the %d sent (its kernels keep weights outside "
+                        "them): loads are checked by version and parity only", *blind[0])
 
     def _sums(self) -> Accumulator:
         return Accumulator(sorted({parity_dtypes(self.config)[1], "float32"}))
@@ -115,8 +129,8 @@ class WeightSync:
                                  tokens=self.config.engine.parity_probe_tokens, seed=self.config.run.seed)
         diff = max(diffs) if all(d == d for d in diffs) else float("nan")  # a dead worker reports NaN
         check_versions(self.pool.versions(), version)
-        if sent is not None and sent.sums and (problem := mismatch(self.pool.fingerprints(), sent, version)):
-            raise ParityError(problem)  # acknowledged and stamped, yet not what was sent
+        if sent is not None and sent.sums:
+            self._check_fingerprints(self.pool.fingerprints(), sent, version)
         check_parity(diff, parity_tolerance(self.config))
         return {"logprob_max_abs_diff": diff, "version": float(self.version),
                 "seconds": time.perf_counter() - started}
