@@ -296,10 +296,6 @@ class RayPool(RolloutPool):
     def weights_ref(self):
         return self.latest[0]
 
-    def _box(self) -> list | None:
-        ref = self.latest[0]
-        return None if ref is None else [ref]
-
     def parity(self, score_fn: ScoreFn, *, temperature: float = 1.0, tokens: int = 16, seed: int = 0,
                prompt_ids: Sequence[int] = PROBE_PROMPT) -> list[float]:
         """One probe diff per worker, each on the latest weights (workers no longer given episodes: NaN, which

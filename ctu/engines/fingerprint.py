@@ -62,10 +62,8 @@ class Accumulator:
         import torch
 
         for dtype, acc in self.sums.items():
-            values = torch.as_tensor(tensor).detach().to(getattr(torch, dtype)).double()
-            acc[0] += values.numel()
-            acc[1] += float(values.sum())
-            acc[2] += float(values.pow(2).sum())
+            for k, value in enumerate(tensor_sums(torch.as_tensor(tensor), getattr(torch, dtype))):
+                acc[k] += value
 
     def stream(self, named_tensors: Iterable[tuple[str, object]]) -> Iterator[tuple[str, object]]:
         for name, tensor in named_tensors:
@@ -77,17 +75,30 @@ class Accumulator:
         return None if acc is None else Fingerprint(int(acc[0]), acc[1], acc[2], dtype)
 
 
-def of_module(module) -> Fingerprint:
-    """A model's fingerprint from its own parameters (dtype: that of its first parameter)."""
+CHUNK = 1 << 22  # values cast to float64 at once: a bounded temporary, whatever the tensor (an embedding: ~10^9)
+
+
+def tensor_sums(tensor, dtype=None) -> tuple[int, float, float]:
+    """(count, sum, sum of squares) of ``tensor``'s values, cast to ``dtype`` first (None: as they are), in float64,
+    a chunk at a time."""
     import torch
 
-    count, total, squares, dtype = 0, 0.0, 0.0, "float32"
+    count, total, squares = 0, 0.0, 0.0
     with torch.no_grad():
-        for i, (_, p) in enumerate(module.named_parameters()):
-            if i == 0:
-                dtype = str(p.dtype).removeprefix("torch.")
-            values = p.detach().double()
+        for chunk in tensor.detach().reshape(-1).split(CHUNK):
+            values = (chunk if dtype is None else chunk.to(dtype)).double()
             count, total, squares = count + values.numel(), total + float(values.sum()), squares + float(values.pow(2).sum())
+    return count, total, squares
+
+
+def of_module(module) -> Fingerprint:
+    """A model's fingerprint from its own parameters (dtype: that of its first parameter)."""
+    count, total, squares, dtype = 0, 0.0, 0.0, "float32"
+    for i, (_, p) in enumerate(module.named_parameters()):
+        if i == 0:
+            dtype = str(p.dtype).removeprefix("torch.")
+        n, t, q = tensor_sums(p)
+        count, total, squares = count + n, total + t, squares + q
     return Fingerprint(count, total, squares, dtype)
 
 

@@ -249,7 +249,8 @@ class HFEngine(Engine):
         for row, budget in enumerate(budgets):
             if budget <= 0:
                 reason[row] = "length"
-        for _ in range(max(budgets, default=0)):
+        longest = max(budgets, default=0)
+        for _ in range(longest):
             if all(r is not None for r in reason):
                 break
             gens = [generator[r] for r in live] if isinstance(generator, list) else generator
@@ -263,8 +264,8 @@ class HFEngine(Engine):
                     reason[row] = "stop"
                 elif params.stop and self._cut_at_stop_string(out_ids[row], out_lp[row], params.stop):
                     reason[row] = "stop"
-                elif len(out_ids[row]) >= budgets[row]:
-                    reason[row] = "length"
+                elif len(out_ids[row]) >= budgets[row] < longest:  # a shorter budget (a continued row) ends here;
+                    reason[row] = "length"  # the longest ends with the loop, its last token fed as always
             self.decode_steps += 1
             if all(r is not None for r in reason):
                 break

@@ -114,14 +114,14 @@ class WeightSync:
         started = time.perf_counter()
         self.group.release_memory()  # the trainer's cached CUDA memory back before vLLM (outside torch's cache) wakes
         self.version = version
+        sent: Accumulator | None = None  # the fingerprint of full weights sent (adapters: checked by name)
         if self.shares_model:  # the engine computes with the trainer's own tensors: its weights are this version
             self.pool.engine.weights_version = version
-        sent: Accumulator | None = None  # the fingerprint of full weights sent (adapters: checked by name)
-        if not self.shares_model and weight_sync_mode(self.config) == "adapter":
+        elif weight_sync_mode(self.config) == "adapter":
             if self.base_changed:  # e.g. after the warm start was merged into the base (rebase_reference)
                 self.pool.update_weights(self._fingerprinted(self.group.base_weights(), sent := self._sums()), version)
             self.pool.update_adapter(self.group.adapter_weights(), version)
-        elif not self.shares_model:
+        else:
             self.pool.update_weights(self._fingerprinted(self.group.merged_weights(), sent := self._sums()), version)
         self.pool.wake_up()
         self.base_changed = False
