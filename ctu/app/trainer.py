@@ -134,7 +134,7 @@ class Trainer:
             shared = engine_model(self.group, config) if config.engine.kind == "hf" else None
             self.engine = build.build_engine(config, model=shared, tokenizer=self.group.tokenizer)
             if config.agent.command:  # bring your own agent (docs/agents.md): its program plays each episode
-                from ctu.app.agent_pool import AgentPool
+                from ctu.distributed.agent_pool import AgentPool
 
                 self.pool = AgentPool.from_config(config, self.engine, self.chat, self.user, judge=self.judge)
             else:

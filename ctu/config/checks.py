@@ -229,9 +229,6 @@ def _agent_problems(config: Config) -> list[str]:
         out.append(f"agent.timeout_s: must be > 0, got {a.timeout_s}")
     if a.command is not None and not a.command.strip():
         out.append("agent.command: empty; give the command that runs one episode (or null for ctu's own loop)")
-    if a.command and config.distributed.rollout_workers:
-        out.append("agent.command: the agent's episodes run beside this process's engine; set "
-                   "distributed.rollout_workers=0")
     return out
 
 
@@ -285,9 +282,13 @@ def _update_problems(config: Config) -> list[str]:
     out += _async_problems(config)
     if d.rollout_workers < 0:
         out.append(f"distributed.rollout_workers: must be >= 0, got {d.rollout_workers}")
-    if d.rollout_workers and (e.kind not in ("hf", "vllm") or weight_sync_mode(config) != "merged"):
-        out.append("distributed.rollout_workers: Ray rollout workers run the hf or vllm engine with merged weights "
-                   "(engine.kind=hf or vllm, engine.weight_sync=merged)")
+    if d.rollout_workers and (e.kind not in ("hf", "vllm", "served")
+                              or (e.kind != "served" and weight_sync_mode(config) != "merged")):
+        out.append("distributed.rollout_workers: Ray rollout workers run the hf or vllm engine with merged weights, "
+                   "or a served engine (engine.kind=hf or vllm with engine.weight_sync=merged, or engine.kind=served)")
+    if d.rollout_workers > 1 and e.kind == "served" and e.base_url:
+        out.append(f"distributed.rollout_workers: {d.rollout_workers} workers would each load every version into the "
+                   "one server at engine.base_url; use 1 worker, or engine.launch=true (a server per worker)")
     if d.rollout_workers and e.kind == "vllm" and not d.trainer_workers:
         out.append("distributed.rollout_workers: vLLM rollout workers get their GPU from the trainer ranks' placement "
                    "group: set distributed.trainer_workers >= 1")

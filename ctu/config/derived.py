@@ -20,11 +20,13 @@ def engines_sleep(config: Config) -> bool:
 
 def weight_sync_mode(config: Config) -> Literal["merged", "adapter"]:
     """What a weight sync sends: ``engine.weight_sync``, or for ``auto`` the LoRA adapter when a LoRA run syncs
-    a vLLM engine, in process or served (no merged copy of the model per sync), merged weights otherwise."""
+    a vLLM engine, in process or served, also from Ray rollout workers (no merged copy of the model per sync),
+    merged weights otherwise (vLLM engines on Ray rollout workers take merged weights)."""
     mode = config.engine.weight_sync
     if mode != "auto":
         return mode
-    adapter = config.engine.kind in ("vllm", "served") and config.lora.enabled and not config.distributed.rollout_workers
+    kind, workers = config.engine.kind, config.distributed.rollout_workers
+    adapter = config.lora.enabled and (kind == "served" or (kind == "vllm" and not workers))
     return "adapter" if adapter else "merged"
 
 

@@ -14,7 +14,7 @@ may train on is decided by those stamps (:mod:`ctu.rl.staleness`), not by when a
 
 Where episodes run: in this process (the producer plays them through one batcher on the pool's engine, so groups
 share engine batches), or wherever the pool runs them (:class:`~ctu.distributed.ray_pool.RayPool` workers, each
-with its engine and weights loaded by version; :class:`~ctu.app.agent_pool.AgentPool`, the user's agent program):
+with its engine and weights loaded by version; :class:`~ctu.distributed.agent_pool.AgentPool`, the user's agent program):
 the producer then hands each group to the pool as one call (:meth:`AsyncPool.play`). :class:`AsyncPool` wraps any
 pool with the producer beside it: an evaluation (``run``) first lets the producer's in-flight groups finish and
 starts nothing new until it is done; a sleeping engine gets no generation; ``close`` stops the producer.

@@ -51,7 +51,7 @@ class RolloutWorker:
     and kills this process (``os._exit``) after its first finished episode — a worker dying mid-step.
     """
 
-    def __init__(self, config, fault_file: str | None = None):
+    def __init__(self, config, fault_file: str | None = None, index: int = 0):
         import torch
 
         from ctu.engines.models import load_model, load_tokenizer
@@ -70,6 +70,13 @@ class RolloutWorker:
         self.domains = build.build_domains(config)
         self.limits = limits_of(config)
         self._judge: Any = None
+        self.agent = None  # agent.command: this worker's agent pool plays its episodes (docs/agents.md)
+        if config.agent.command:
+            from ctu.distributed.agent_pool import AgentPool
+
+            self._judge = build.build_judge(config)
+            self.agent = AgentPool.from_config(config, self.engine, self.chat, self.user, judge=self._judge,
+                                               name=f"w{index}")
         self.version = -1
         self._loading = threading.Lock()  # catch-up (rollout thread) and pushed loads (sync thread): one at a time
 
@@ -87,6 +94,19 @@ class RolloutWorker:
             self.engine.update_weights(unpack(weights) if isinstance(weights, Packed) else weights.items(),
                                        version=version)
             self.version = version
+            if self.agent is not None:  # what the agent's episodes are stamped with where the engine stamps none
+                self.agent.episodes.version = version
+        return version
+
+    def load_adapter(self, adapter, version: int) -> int:
+        """A LoRA adapter (PEFT names -> tensors) as version ``version`` (the served engine's hot-load)."""
+        with self._loading:
+            if version < self.version:  # the same version follows its base weights (after a warm start)
+                return self.version
+            self.engine.update_adapter(adapter.items(), version)  # type: ignore[attr-defined]
+            self.version = version
+            if self.agent is not None:
+                self.agent.episodes.version = version
         return version
 
     def weights_version(self) -> int | None:
@@ -104,12 +124,18 @@ class RolloutWorker:
         if weights_box is not None and version > self.version:
             import ray
 
-            self.load_weights(ray.get(weights_box[0]), version)
+            base, adapter = weights_box  # merged weights (or a LoRA run's base), and the adapter on top of them
+            if base is not None and base[1] > self.version:
+                self.load_weights(ray.get(base[0]), base[1])
+            if adapter is not None:
+                self.load_adapter(ray.get(adapter[0]), version)
 
     def run(self, keys: Sequence[SpecKey], params: SamplingParams, seed: int, start: int, judge_enabled: bool,
             weights_box: list | None, version: int) -> list[Trajectory]:
         """Episodes ``start .. start + len(keys)`` of a call seeded ``seed``; first catch up to ``version``."""
         self.catch_up(weights_box, version)
+        if self.agent is not None:  # episode i is seeded seed + i, as the agent pool in the trainer's process does
+            return self.agent.run(rebuild_specs(keys, self.domains), params, seed + start, judge_enabled)
         judge = None
         if judge_enabled:
             if self._judge is None:
@@ -148,6 +174,12 @@ class RolloutWorker:
     def wake_up(self) -> None:
         self.engine.wake_up()
 
+    def close(self) -> None:
+        """Stop what this worker started (an agent pool's proxy; agents still running are stopped by their call)."""
+        if self.agent is not None:
+            self.agent.close()
+            self.agent = None
+
 
 class RayPool(RolloutPool):
     """``num_workers`` :class:`RolloutWorker` Ray actors built from ``config``.
@@ -177,7 +209,9 @@ class RayPool(RolloutPool):
         self.restart_timeout_s = restart_timeout_s
         self.workers = []
         self.dead: set[int] = set()  # workers that failed a chunk twice: given no more episodes
-        self.latest: tuple = (None, -1)  # the last weights put in the object store and their version, set as one
+        # the newest weights in the object store, as one box: [(merged or base ref, version) or None, (adapter ref,
+        # version) or None], and the newest version; set as one (the box is a list: Ray passes refs in it unresolved)
+        self.latest: tuple = (None, -1)
         self.reruns = 0  # chunks re-run after a worker died (all calls)
         if start_timeout_s is None:
             start_timeout_s = config.distributed.start_timeout_s
@@ -197,7 +231,7 @@ class RayPool(RolloutPool):
                     strategy = PlacementGroupSchedulingStrategy(
                         placement["pg"], placement_group_bundle_index=placement["bundles"][k])
                     options.update(num_gpus=placement["worker_gpu"], scheduling_strategy=strategy)
-                self.workers.append(remote.options(**options).remote(config, faults.get(k)))
+                self.workers.append(remote.options(**options).remote(config, faults.get(k), k))
             wait_started(ray, [w.pid.remote() for w in self.workers],  # built (model loaded) before the first step
                          [f"rollout worker {k}" for k in range(num_workers)], start_timeout_s)
         except BaseException:
@@ -222,8 +256,7 @@ class RayPool(RolloutPool):
         live = self.live()
         if not live:
             raise RuntimeError("every rollout worker has died: no worker left to run episodes")
-        ref, version = self.latest  # one read: the weights and their version together
-        box = None if ref is None else [ref]
+        box, version = self.latest  # one read: the weights and their version together
         chunks = dict(zip(live, contiguous_chunks(len(keys), len(live)), strict=False))
         results: list[Trajectory | None] = [None] * len(keys)
 
@@ -285,8 +318,18 @@ class RayPool(RolloutPool):
             ref = named_tensors.ref
         else:
             ref = ray.put(pack(named_tensors, wire_dtype(self.config)))  # type: ignore[arg-type]
-        self.latest = (ref, version)
+        self.latest = ([(ref, version), None], version)
         self._broadcast("load_weights", ref, version, tolerate_deaths=True)
+
+    def update_adapter(self, named_tensors: NamedTensors, version: int) -> None:
+        """The LoRA adapter (small: put as a dict) to every live worker's engine (a served engine's hot-load). A
+        restarted worker loads the newest base weights sent (a warm start merged into them), then this."""
+        ray = import_ray()
+        adapter = {name: tensor.detach().cpu() for name, tensor in named_tensors}  # type: ignore[attr-defined]
+        ref = ray.put(adapter)
+        box = self.latest[0]
+        self.latest = ([None if box is None else box[0], (ref, version)], version)
+        self._broadcast("load_adapter", ref, version, tolerate_deaths=True)
 
     @property
     def version(self) -> int:
@@ -294,7 +337,9 @@ class RayPool(RolloutPool):
 
     @property
     def weights_ref(self):
-        return self.latest[0]
+        """The newest merged (or base) weights' object ref; None before any were sent."""
+        box = self.latest[0]
+        return None if box is None or box[0] is None else box[0][0]
 
     def parity(self, score_fn: ScoreFn, *, temperature: float = 1.0, tokens: int = 16, seed: int = 0,
                prompt_ids: Sequence[int] = PROBE_PROMPT) -> list[float]:
@@ -303,8 +348,7 @@ class RayPool(RolloutPool):
         ray = import_ray()
         params = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=tokens, seed=seed)
         live = self.live()
-        ref, version = self.latest
-        box = None if ref is None else [ref]
+        box, version = self.latest
         refs = [self.workers[k].generate.options(concurrency_group=SYNC).remote([list(prompt_ids)], params, box,
                                                                                  version) for k in live]
         samples = dict(zip(live, ray.get(refs), strict=True))
@@ -348,6 +392,10 @@ class RayPool(RolloutPool):
 
     def close(self) -> None:
         ray = import_ray()
+        try:  # what each worker started (an agent pool's proxy), then the workers
+            ray.get([w.close.options(concurrency_group=SYNC).remote() for w in self.workers], timeout=30)
+        except Exception:  # noqa: BLE001 - a dead or stuck worker is killed below all the same
+            pass
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         self.workers = []

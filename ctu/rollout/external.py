@@ -7,7 +7,7 @@ sampled ids + the template's ids of its new tool/user messages (what ctu's loop 
 rendered whole. Each request is recorded (:class:`~ctu.rollout.stitch.TurnRecord`) and :meth:`ExternalEpisodes.finish`
 stitches them into a :class:`~ctu.rollout.loop.Trajectory` scored by the environment (or by a reward the agent posted).
 
-Everything here runs on one asyncio loop (the proxy's); ``ctu.app.agent_proxy`` puts HTTP in front of it.
+Everything here runs on one asyncio loop (the proxy's); ``ctu.rollout.agent_proxy`` puts HTTP in front of it.
 """
 
 from __future__ import annotations

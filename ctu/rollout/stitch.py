@@ -1,6 +1,6 @@
 """Stitching: an episode's chat-completion requests -> token-exact training samples.
 
-An agent that talks to ctu through the OpenAI-compatible proxy (``ctu.app.agent_proxy``) makes one request per
+An agent that talks to ctu through the OpenAI-compatible proxy (``ctu.rollout.agent_proxy``) makes one request per
 assistant turn; the proxy records each request's prompt ids, the ids the engine sampled, their logprobs and the
 policy version that sampled them (a :class:`TurnRecord`). :func:`stitch` joins them exactly as ctu's own loop
 builds a :class:`~ctu.rollout.chat.TokenSequence`: a request whose prompt ids start with the previous request's

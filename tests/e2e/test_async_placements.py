@@ -68,7 +68,7 @@ def test_the_agent_plays_the_training_episodes(tmp_path, cpu_only, monkeypatch):
 
 def test_an_evaluation_waits_for_the_agents_groups_and_none_start_during_it(tmp_path, cpu_only, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    from ctu.app.agent_pool import AgentPool
+    from ctu.distributed.agent_pool import AgentPool
 
     spans, running = [], []
     real_run = AgentPool.run
@@ -102,6 +102,20 @@ def cluster():
 def test_ray_rollout_workers_keep_producing(tmp_path, cpu_only, cluster):
     _, rows = run_k(tmp_path / "run", "distributed.rollout_workers=1", "distributed.worker_cpus=0.5")
     check_async_rows(rows)
+    assert no_producer_left()
+
+
+def test_the_agent_plays_on_a_ray_rollout_worker(tmp_path, cpu_only, cluster):
+    """agent.command with distributed.rollout_workers=1: the worker's agent pool plays every episode (training
+    groups and evaluations), its rows in the run's agent/episodes.jsonl named by the worker."""
+    run_dir = tmp_path / "run"
+    _, rows = run_k(run_dir, "distributed.rollout_workers=1", "distributed.worker_cpus=0.5",
+                    f"agent.command={sys.executable} {AGENT}", "agent.concurrency=4", "agent.timeout_s=120",
+                    "sampling.max_tokens=12")
+    check_async_rows(rows)
+    played = [json.loads(line) for line in (run_dir / "agent" / "episodes.jsonl").read_text().splitlines()]
+    assert len(played) >= 3 * 4 + 2, len(played)
+    assert all(row["episode_id"].startswith("w0-") for row in played)
     assert no_producer_left()
 
 

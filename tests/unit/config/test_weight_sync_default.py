@@ -15,6 +15,8 @@ from ctu.config.schema import ConfigError, load_config, weight_sync_mode
     (["engine.kind=vllm", "engine.weight_sync=merged"], "merged"),
     (["engine.kind=vllm", "engine.weight_sync=adapter"], "adapter"),
     (["engine.kind=hf", "distributed.rollout_workers=2"], "merged"),
+    (["engine.kind=vllm", "distributed.rollout_workers=1", "distributed.trainer_workers=1"], "merged"),
+    (["engine.kind=served", "engine.launch=true", "distributed.rollout_workers=2"], "adapter"),
 ])
 def test_weight_sync_default(overrides, mode):
     config = load_config(None, overrides)
@@ -39,3 +41,11 @@ def test_the_vllm_engine_of_a_default_lora_run_takes_adapters(monkeypatch):
     monkeypatch.setattr("ctu.engines.registry.make_engine", lambda kind, **kw: seen.update(kind=kind, **kw))
     build_engine(load_config(None, ["engine.kind=vllm"]))
     assert seen["kind"] == "vllm" and seen["enable_lora"] is True
+
+
+def test_ray_workers_attached_to_one_server_are_refused_beyond_one():
+    base = ["engine.kind=served", "engine.base_url=http://127.0.0.1:8000/v1"]
+    assert load_config(None, [*base, "distributed.rollout_workers=1"])
+    with pytest.raises(ConfigError, match="distributed.rollout_workers: 2 workers would each load every version "
+                                          "into the one server at engine.base_url"):
+        load_config(None, [*base, "distributed.rollout_workers=2"])

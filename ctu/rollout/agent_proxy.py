@@ -23,7 +23,8 @@ import asyncio
 import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -32,6 +33,7 @@ from ctu.rollout.external import ExternalEpisodes, agent_turn, tool_arguments
 from ctu.rollout.openai_wire import WireError
 
 _EPISODE_ROUTE = re.compile(r"^/ctu/episodes/([^/]+)/(start|step|tool|user|reward)$")
+Headers = Mapping[str, str] | Message  # a plain mapping (tests) or http.server's headers
 
 
 class AgentProxy:
@@ -65,7 +67,7 @@ class AgentProxy:
 
     def call(self, work: Callable[[], Any] | Any, timeout: float | None = None) -> Any:
         """Run a coroutine (or a plain function) on the proxy's loop and wait for its result."""
-        async def run():
+        async def run() -> Any:
             return await work if asyncio.iscoroutine(work) else work()
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
@@ -82,11 +84,11 @@ class AgentProxy:
     def __enter__(self) -> AgentProxy:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- requests ------------------------------------------------------------------------------
-    def handle(self, method: str, path: str, headers, body: Any) -> tuple[int, dict[str, Any]]:
+    def handle(self, method: str, path: str, headers: Headers, body: Any) -> tuple[int, dict[str, Any]]:
         """``(status, JSON body)`` of one request; the server thread waits here for the loop."""
         try:
             return 200, self._route(method, path.split("?", 1)[0].rstrip("/"), headers, body)
@@ -96,27 +98,31 @@ class AgentProxy:
             text = " ".join(f"{type(exc).__name__}: {exc}".split())
             return 500, WireError(500, f"ctu proxy: {text}").body()
 
-    def _route(self, method: str, path: str, headers, body: Any) -> dict[str, Any]:
+    def _route(self, method: str, path: str, headers: Headers, body: Any) -> dict[str, Any]:
         if path == "/v1/models" and method == "GET":
             return {"object": "list", "data": [{"id": self.episodes.model_name, "object": "model", "created": 0,
                                                 "owned_by": "ctu"}]}
         if path == "/v1/chat/completions" and method == "POST":
             episode_id = headers.get("X-Episode-Id") or (body.get("user") if isinstance(body, dict) else None)
             self.episodes.get(episode_id)  # 400/404 before the body is read further
-            return self.call(self.episodes.complete(episode_id, body))  # type: ignore[arg-type]  # get() refused None
+            reply: dict[str, Any] = self.call(self.episodes.complete(episode_id, body))  # type: ignore[arg-type]
+            return reply  # get() refused a missing id
         match = _EPISODE_ROUTE.match(path)
         if match is None:
             raise WireError(404, f"no route {method} {path} (see docs/agents.md)")
         episode_id, action = match.groups()
         if action == "start":
-            return self.call(lambda: self.episodes.start_info(episode_id))
+            started: dict[str, Any] = self.call(lambda: self.episodes.start_info(episode_id))
+            return started
         if method != "POST":
             raise WireError(405, f"{path}: use POST")
         if action == "reward":
-            return self.call(lambda: self.episodes.post_reward(episode_id, body))
+            rewarded: dict[str, Any] = self.call(lambda: self.episodes.post_reward(episode_id, body))
+            return rewarded
         if not isinstance(body, dict):
             raise WireError(400, "the request body must be a JSON object")
-        return self.call(self._step(episode_id, action, body))
+        stepped: dict[str, Any] = self.call(self._step(episode_id, action, body))
+        return stepped
 
     async def _step(self, episode_id: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
         if action == "step":
@@ -158,13 +164,13 @@ def _handler(proxy: AgentProxy) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self):  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             self._serve("GET")
 
-        def do_POST(self):  # noqa: N802
+        def do_POST(self) -> None:  # noqa: N802
             self._serve("POST")
 
-        def log_message(self, *args):  # quiet: the run's logs are ctu's own
+        def log_message(self, *args: Any) -> None:  # quiet: the run's logs are ctu's own
             pass
 
     return Handler

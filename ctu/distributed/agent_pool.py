@@ -2,7 +2,7 @@
 
 :class:`AgentPool` is :class:`~ctu.distributed.pool.LocalPool` (one engine in this process: weight syncs, parity,
 sleep/wake are the same) whose ``run`` does not play episodes itself. For each spec it opens an episode on the
-OpenAI-compatible proxy (:mod:`ctu.app.agent_proxy`), starts the agent command once for it (at most
+OpenAI-compatible proxy (:mod:`ctu.rollout.agent_proxy`), starts the agent command once for it (at most
 ``agent.concurrency`` at a time) with the episode's addresses in its environment, waits for it to exit, and
 returns the episode's stitched, scored trajectory. An agent that exits non-zero or outlives ``agent.timeout_s``
 gives an errored episode (never a reward of 0); its output is kept in ``<run.dir>/agent/logs/<episode>.log``.
@@ -11,6 +11,7 @@ Every trajectory, tokens included, is appended to ``<run.dir>/agent/episodes.jso
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import os
@@ -24,10 +25,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ctu.app.agent_proxy import AgentProxy
 from ctu.config.redact import redact, redact_data
 from ctu.distributed.pool import LocalPool, NamedTensors, limits_of
 from ctu.engines.base import Engine, SamplingParams
+from ctu.rollout.agent_proxy import AgentProxy
 from ctu.rollout.external import ExternalEpisodes
 from ctu.rollout.loop import EpisodeSpec, RolloutLimits, Trajectory
 
@@ -110,13 +111,14 @@ class AgentPool(LocalPool):
 
     def __init__(self, engine: Engine, chat, user, limits: RolloutLimits, *, command: str, run_dir: str | Path,
                  concurrency: int = 8, timeout_s: float = 600.0, judge=None, max_batch_size: int = 64,
-                 pass_env: Sequence[str] = ()):
+                 pass_env: Sequence[str] = (), name: str = ""):
         super().__init__(engine, chat, user, limits, judge=judge, concurrency=concurrency,
                          max_batch_size=max_batch_size)
         self.command = shlex.split(command)
         self.timeout_s = timeout_s
         self.pass_env = tuple(pass_env)
         self.dir = Path(run_dir) / "agent"
+        self.name = name  # a Ray rollout worker's ("w<k>"): its episodes' ids start with it, in the same files
         self.episodes = ExternalEpisodes(chat, engine, user, limits, max_batch_size=max_batch_size)
         self.proxy = AgentProxy(self.episodes).start()
         self._calls = itertools.count()
@@ -124,11 +126,11 @@ class AgentPool(LocalPool):
         self._write = threading.Lock()
 
     @classmethod
-    def from_config(cls, config, engine: Engine, chat, user, judge=None) -> AgentPool:
+    def from_config(cls, config, engine: Engine, chat, user, judge=None, name: str = "") -> AgentPool:
         a = config.agent
         return cls(engine, chat, user, limits_of(config), command=a.command, run_dir=config.run.dir,
                    concurrency=a.concurrency, timeout_s=a.timeout_s, judge=judge,
-                   max_batch_size=config.engine.max_batch_size, pass_env=a.pass_env)
+                   max_batch_size=config.engine.max_batch_size, pass_env=a.pass_env, name=name)
 
     def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int,
             judge_enabled: bool = False, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
@@ -146,7 +148,8 @@ class AgentPool(LocalPool):
                 while waiting and self._slots.acquire(blocking=False):
                     i = waiting.popleft()
                     try:
-                        running[i] = self._launch(f"r{call}-e{i}", specs[i], seed + i, params)
+                        running[i] = self._launch(f"{self.name}-r{call}-e{i}".lstrip("-"), specs[i], seed + i,
+                                                  params)
                     except BaseException:
                         self._slots.release()
                         raise
@@ -196,8 +199,10 @@ class AgentPool(LocalPool):
                "extra_samples": [s.to_json() for s in trajectory.extra_samples]}
         if trajectory.stop_reason == "error":
             row["log"] = str(agent.log_path)
+        line = json.dumps(redact_data(row)) + "\n"
         with self._write, (self.dir / "episodes.jsonl").open("a") as f:
-            f.write(json.dumps(redact_data(row)) + "\n")
+            fcntl.flock(f, fcntl.LOCK_EX)  # rollout workers on one machine append to the same file: whole lines
+            f.write(line)
         return trajectory
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:

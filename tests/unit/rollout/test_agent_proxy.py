@@ -9,10 +9,10 @@ import httpx
 import openai
 import pytest
 
-from ctu.app.agent_proxy import AgentProxy
 from ctu.domains import get_domain
 from ctu.engines.base import Completion, Engine, SamplingParams
 from ctu.episode.users.scripted import ScriptedUser
+from ctu.rollout.agent_proxy import AgentProxy
 from ctu.rollout.external import ExternalEpisodes
 from ctu.rollout.loop import EpisodeSpec, RolloutLimits
 
