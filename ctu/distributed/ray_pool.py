@@ -175,10 +175,14 @@ class RolloutWorker:
         self.engine.wake_up()
 
     def close(self) -> None:
-        """Stop what this worker started (an agent pool's proxy; agents still running are stopped by their call)."""
+        """Stop what this worker started: an agent pool's proxy (agents still running are stopped by their call),
+        a vLLM server its served engine launched."""
         if self.agent is not None:
             self.agent.close()
             self.agent = None
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
 
 
 class RayPool(RolloutPool):
