@@ -15,7 +15,7 @@ Placements at N simulated GPUs: colocated (every GPU generates and trains; the e
 so the producer pauses then) and split (N/2 engine GPUs, N/2 trainer GPUs; the engine stays awake). Every sleep is
 multiplied by ``--scale`` (0.02: 50x faster than the simulated time); the figures are given in simulated time.
 
-    python benchmarks/async_cost_model.py --gpus 1 8 64 --staleness 0 1 2 --steps 5
+    python benchmarks/async_cost_model.py --gpus 1 8 64 --staleness 0 1 2 --inflight finish abort continue --steps 5
 
 Prints a table: steps/hour (steady steps 2..), speed-up over k = 0 of the same placement, trainer and engine idle
 fractions, mean staleness and dropped groups. Figures and assumptions: docs/async.md.
@@ -61,14 +61,23 @@ class Costs:
 
 
 class CostEngine(Engine):
-    """Sleeps each batch's decode time under a lock shared with weight loads; answers a short question."""
+    """Sleeps each batch's decode time under a lock shared with weight loads; answers a short question.
 
-    def __init__(self, chat, costs: Costs, gpus: int):
+    ``inflight`` (``trainer.inflight``): "finish" holds the lock for a whole call, so a load waits for the batch in
+    flight; "abort" and "continue" decode ``CHUNK`` tokens at a time and let a waiting load in between (the hf
+    engine's token boundary, vLLM's pause): "abort" then re-samples the call from its first token on the new
+    weights, "continue" goes on, its tokens stamped with the version that sampled them."""
+
+    CHUNK = 10  # simulated tokens between two chances for a waiting load
+
+    def __init__(self, chat, costs: Costs, gpus: int, inflight: str = "finish"):
         self.ids = tuple(chat.encode("Which order?") + [chat.stop_token_ids[0]])
-        self.costs, self.gpus = costs, gpus
-        self.lock = threading.Lock()
+        self.costs, self.gpus, self.inflight = costs, gpus, inflight
+        self.lock = threading.Condition()
+        self.loads_waiting = 0
         self.weights_version = 0
         self.busy = 0.0  # simulated seconds spent decoding or loading
+        self.resampled = 0  # simulated tokens thrown away by "abort"
         self.asleep = False
 
     async def generate(self, prompts, params, seeds=None):
@@ -76,20 +85,38 @@ class CostEngine(Engine):
 
     def _generate(self, n: int):
         c = self.costs
-        with self.lock:
-            if self.asleep:
-                raise RuntimeError("generation on a sleeping engine")
-            seconds = c.tokens / c.decode * max(1, -(-n // (c.slots * self.gpus)))
-            time.sleep(seconds * c.scale)
-            self.busy += seconds
-            version = self.weights_version
-        return [[Completion(self.ids, (-0.5,) * len(self.ids), "stop", version)] for _ in range(n)]
+        per_token = 1 / c.decode * max(1, -(-n // (c.slots * self.gpus)))
+        versions: list[int] = []  # the version of each simulated token
+        while len(versions) < c.tokens:
+            with self.lock:  # released between chunks unless trainer.inflight=finish (one chunk: the whole call)
+                if self.asleep:
+                    raise RuntimeError("generation on a sleeping engine")
+                if self.loads_waiting and self.inflight != "finish":
+                    self.lock.wait_for(lambda: not self.loads_waiting)  # the load goes first
+                    if self.inflight == "abort" and versions:
+                        self.resampled += len(versions)
+                        versions = []
+                    continue
+                left = c.tokens - len(versions)
+                step = left if self.inflight == "finish" else min(self.CHUNK, left)
+                time.sleep(step * per_token * c.scale)
+                self.busy += step * per_token
+                versions += [self.weights_version] * step
+        # the returned ids take the versions of the simulated tokens at their share of the completion
+        stamps = tuple(versions[i * len(versions) // len(self.ids)] for i in range(len(self.ids)))
+        return [[Completion(self.ids, (-0.5,) * len(self.ids), "stop", stamps[-1],
+                            stamps if len(set(stamps)) > 1 else None)] for _ in range(n)]
 
     def update_weights(self, named_tensors, version=None):
+        self.loads_waiting += 1  # seen by a call in flight at its next chunk (one loading thread: the trainer's)
         with self.lock:
-            time.sleep(self.costs.sync * self.costs.scale)
-            self.busy += self.costs.sync
-            self.weights_version = version
+            try:
+                time.sleep(self.costs.sync * self.costs.scale)
+                self.busy += self.costs.sync
+                self.weights_version = version
+            finally:
+                self.loads_waiting -= 1
+                self.lock.notify_all()
 
     def sleep(self):
         self.asleep = True
@@ -119,13 +146,15 @@ class LatencyUser(UserSimulator):
         return Session()
 
 
-def run_mode(chat, costs: Costs, gpus: int, placement: str, k: int, steps: int, tasks: int, samples: int) -> dict:
+def run_mode(chat, costs: Costs, gpus: int, placement: str, k: int, steps: int, tasks: int, samples: int,
+             inflight: str = "finish") -> dict:
     engine_gpus = gpus if placement == "colocated" else max(1, gpus // 2)
     trainer_gpus = gpus if placement == "colocated" else max(1, gpus // 2)
     config = load_config(None, [f"trainer.tasks_per_step={tasks}", f"trainer.samples_per_task={samples}",
                                 f"trainer.max_steps={steps + 1}", f"trainer.max_staleness={k}", "trainer.tis_cap=2.0",
-                                f"env.max_turns={costs.turns + 1}", "sampling.max_tokens=8"])
-    engine = CostEngine(chat, costs, engine_gpus)
+                                f"env.max_turns={costs.turns + 1}", "sampling.max_tokens=8",
+                                f"trainer.inflight={inflight}"])
+    engine = CostEngine(chat, costs, engine_gpus, inflight)
     inner = LocalPool(engine, chat, LatencyUser(costs, 0), RolloutLimits(max_turns=costs.turns + 1),
                       concurrency=4096, max_batch_size=4096)
     pool = AsyncPool(inner) if k else inner
@@ -160,7 +189,8 @@ def run_mode(chat, costs: Costs, gpus: int, placement: str, k: int, steps: int, 
             rollouts.producer.stop()
     steady = rows[1:] or rows
     mean = lambda key: sum(r[key] for r in steady) / len(steady)  # noqa: E731
-    return {"gpus": gpus, "placement": placement, "k": k, "update_s": update_s, "rows": rows,
+    return {"gpus": gpus, "placement": placement, "k": k, "inflight": inflight, "update_s": update_s, "rows": rows,
+            "resampled_tokens": engine.resampled,
             "steps_per_hour": 3600 / mean("s"), "trainer_idle": mean("trainer_idle"),
             "engine_idle": mean("engine_idle"), "staleness": mean("staleness"),
             "dropped": sum(r["dropped"] for r in steady)}
@@ -171,6 +201,8 @@ def main(argv=None) -> int:
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--placements", nargs="+", default=["colocated", "split"])
+    parser.add_argument("--inflight", nargs="+", default=["finish"], choices=["finish", "abort", "continue"],
+                        help="trainer.inflight modes to run at k > 0 (partial rollouts)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--tasks", type=int, default=16, help="trainer.tasks_per_step")
     parser.add_argument("--samples", type=int, default=4, help="trainer.samples_per_task")
@@ -187,8 +219,9 @@ def main(argv=None) -> int:
     chat = ChatFormat(AutoTokenizer.from_pretrained(smollm2_tokenizer_dir()))
     print(f"cost model: {json.dumps(vars(costs))}; {args.tasks} x {args.samples} episodes a step, "
           f"steps 2..{args.steps} averaged", flush=True)
-    print("| GPUs | placement | k | update s | steps/hour | speed-up | trainer idle | engine idle | staleness | dropped |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| GPUs | placement | k | in flight | update s | steps/hour | speed-up | trainer idle | engine idle | "
+          "staleness | dropped | re-sampled s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for gpus in args.gpus:
         for placement in args.placements:
@@ -196,13 +229,15 @@ def main(argv=None) -> int:
                 continue
             base = None
             for k in args.staleness:
-                r = run_mode(chat, costs, gpus, placement, k, args.steps, args.tasks, args.samples)
-                base = r["steps_per_hour"] if k == 0 else base
-                speed = f"{r['steps_per_hour'] / base:.2f}x" if base else "-"
-                print(f"| {gpus} | {placement} | {k} | {r['update_s']:.1f} | {r['steps_per_hour']:.1f} | {speed} | "
-                      f"{r['trainer_idle']:.2f} | {r['engine_idle']:.2f} | {r['staleness']:.2f} | {r['dropped']} |",
-                      flush=True)
-                results.append(r)
+                for inflight in args.inflight if k else ["finish"]:
+                    r = run_mode(chat, costs, gpus, placement, k, args.steps, args.tasks, args.samples, inflight)
+                    base = r["steps_per_hour"] if k == 0 else base
+                    speed = f"{r['steps_per_hour'] / base:.2f}x" if base else "-"
+                    lost = r["resampled_tokens"] / costs.decode  # simulated sequence-seconds thrown away
+                    print(f"| {gpus} | {placement} | {k} | {inflight if k else '-'} | {r['update_s']:.1f} | "
+                          f"{r['steps_per_hour']:.1f} | {speed} | {r['trainer_idle']:.2f} | {r['engine_idle']:.2f} | "
+                          f"{r['staleness']:.2f} | {r['dropped']} | {lost:.0f} |", flush=True)
+                    results.append(r)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"costs": vars(costs), "results": results}, indent=1))
