@@ -62,3 +62,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reason = hardware_skip_reason({m.name for m in item.iter_markers()}, has_cuda, vllm_version)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray cluster (2 CPUs, 127.0.0.1) for one test module; skips without the distributed extra."""
+    ray = pytest.importorskip("ray", reason="Ray workers need the distributed extra: pip install 'ctu[distributed]'")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    yield ray
+    ray.shutdown()
+

@@ -8,7 +8,6 @@ wrapped: it is the synchronous loop, whose numbers tests/e2e/test_train_ray.py a
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 from pathlib import Path
@@ -89,14 +88,6 @@ def test_an_evaluation_waits_for_the_agents_groups_and_none_start_during_it(tmp_
     assert evals and all(s[2] == ("eval",) for s in evals)  # nothing else ran when an evaluation started
     assert all("eval" not in s[2] for s in spans if s[1] == "train")  # and no group started during one
 
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray = pytest.importorskip("ray", reason="Ray rollout workers need the distributed extra")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    yield ray
-    ray.shutdown()
 
 
 def test_ray_rollout_workers_keep_producing(tmp_path, cpu_only, cluster):

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -27,14 +26,6 @@ AGENT = REPO / "examples" / "byo_agent" / "agent.py"
 def local_server_passes(judge):  # noqa: F811 - respx mocks every httpx call; the fake server is real HTTP
     judge.route(host="127.0.0.1").pass_through()
 
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray = pytest.importorskip("ray", reason="Ray workers need the distributed extra")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    yield ray
-    ray.shutdown()
 
 
 def topology(run_dir, *extra):

@@ -6,7 +6,6 @@ as in one process (a rank that trained in fp32 was 2.7e-3 off in grad norm); acr
 partial weight gradients are rounded to bf16 before the sum, so that comparison runs in fp32 (``autocast=off``). A trainer rank killed mid-step stops the run with a one-line reason, and ``trainer.resume=latest``
 continues from the last complete checkpoint with the metrics of an uninterrupted run."""
 
-import os
 
 import pytest
 import torch
@@ -19,15 +18,6 @@ EXACT = ("rollout/reward", "rollout/shaped_reward", "rollout/response_tokens", "
          "rollout/trained_episodes", "train/trained_tokens", "train/updates", "sync/version")
 CLOSE = ("train/loss", "train/pg_loss", "train/grad_norm", "train/entropy", "train/clip_fraction")
 
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray = pytest.importorskip("ray", reason="Ray rollout workers need the distributed extra: "
-                                            "pip install 'ctu[distributed]'")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    yield
-    ray.shutdown()
 
 
 FP32 = "trainer.autocast=off"

@@ -6,7 +6,6 @@ adapter the server names checked after every load; every trained token one the s
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -25,14 +24,6 @@ pytestmark = pytest.mark.vllm_cpu
 def local_server_passes(judge):  # noqa: F811 - respx mocks every httpx call; the server is real HTTP
     judge.route(host="127.0.0.1").pass_through()
 
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray = pytest.importorskip("ray", reason="the topology needs the distributed extra (nox -s topology)")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    yield ray
-    ray.shutdown()
 
 
 def test_the_production_topology_on_one_cpu_box(tmp_path, tiny_llama, cluster, monkeypatch):
