@@ -164,11 +164,15 @@ class RemoteEngine(Engine):
     async def _post(self, client: httpx.AsyncClient, body: dict[str, Any], n: int,
                     version: int | None) -> list[Completion]:
         response, completions = await self.request_read(client, "POST", self.url, body,
-                                                        read=lambda r: read_completions(r.json(), n, version))
+                                                        read=lambda r: self.read_reply(r.json(), body, n, version))
         if response.status_code != 200:
             raise RemoteEngineError(redact(f"{self.url} refused the request: HTTP {response.status_code}: "
                                            f"{response.text[:200]}"))
         return completions
+
+    def read_reply(self, data: Any, body: dict[str, Any], n: int, version: int | None) -> list[Completion]:
+        """The completions of the reply ``data`` to the request ``body``."""
+        return read_completions(data, n, version)
 
     def _gate(self) -> asyncio.Semaphore:
         """The request gate of the running event loop (a semaphore serves one loop; each ``asyncio.run`` is new)."""

@@ -239,6 +239,19 @@ class ServedEngine(RemoteEngine):
                         -math.log(params.top_p) if params.top_p < 1 else float("inf"))
         return await super().generate(prompts, params, seeds)
 
+    def read_reply(self, data: Any, body: dict[str, Any], n: int, version: int | None) -> list[Completion]:
+        completions = super().read_reply(data, body, n, version)
+        self.check_model(body["model"], data.get("model"))
+        return completions
+
+    def check_model(self, sent: str, answered: Any) -> None:
+        """vLLM's reply names the model it resolved for the request (``OpenAIServingModels.model_name``: the
+        adapter's name, else the base's): a request for adapter ``ctu-v<v>`` answered under another name was
+        served by weights other than the ones ctu loaded, so the run stops."""
+        if version_of(sent) is not None and answered != sent:
+            raise ServedEngineError(f"{redact(self.root)}: asked for '{sent}', the reply is from '{answered}': the "
+                                    "server serves something other than the adapter ctu loaded")
+
     def generate_sync(self, prompts, params, seeds=None) -> list[list[Completion]]:
         return run_sync(self.generate(prompts, params, seeds))
 
@@ -248,7 +261,9 @@ class ServedEngine(RemoteEngine):
         body = {"model": model, "prompt": list(ids), "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
                 "return_token_ids": True}
         def rows_of(response: httpx.Response) -> list[float]:
-            rows = ((json_object(response).get("choices") or [{}])[0] or {}).get("prompt_logprobs") or []
+            data = json_object(response)
+            rows = ((data.get("choices") or [{}])[0] or {}).get("prompt_logprobs") or []
+            self.check_model(model, data.get("model"))
             if len(rows) != len(ids):
                 raise MalformedReply(f"{len(rows)} prompt logprob rows for {len(ids)} prompt tokens")
             return [float(row[str(t)]["logprob"]) for row, t in zip(rows[1:], ids[1:], strict=True)]

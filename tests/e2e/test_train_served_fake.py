@@ -7,6 +7,7 @@ import pytest
 from ctu.app.trainer import Trainer
 from ctu.config.schema import ConfigError, load_config
 from ctu.engines.parity import ParityError
+from ctu.engines.served import ServedEngineError
 from ctu.observe.tracking import read_metrics
 from tests.e2e.test_train import config, judge  # noqa: F401 - judge: the autouse shaping-judge fixture (respx)
 from tests.fakes.fake_vllm_server import FakeVLLMServer
@@ -129,3 +130,18 @@ def test_a_server_that_acknowledges_a_merged_load_and_keeps_its_weights_stops_th
         Trainer(served_config(tmp_path / "plain", honest.url, "lora.enabled=false", "trainer.sft_steps=0",
                               "trainer.max_steps=1")).run()
     assert "cannot fingerprint its weights" in caplog.text
+
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_a_server_that_acknowledges_an_adapter_and_answers_with_the_older_one_stops_the_run_at_that_step(tmp_path, late):
+    """The load is acknowledged and the new name listed, but requests naming it are served by what was served
+    before (the base for version 1; ``late``: version 1's adapter for version 2), and vLLM's reply names the model it
+    resolved (``model``). The update is below the parity probe's tolerance, so only that field shows it: the run
+    stops at that sync's parity probe, naming both, before the step is recorded."""
+    with FakeVLLMServer() as fake:
+        fake.answer_as_previous = {"ctu-v2"} if late else True
+        sent, served = ("ctu-v2", "ctu-v1") if late else ("ctu-v1", "tiny-random")
+        with pytest.raises(ServedEngineError, match=rf"asked for '{sent}', the reply is from '{served}'"):
+            Trainer(served_config(tmp_path / "run", fake.url, "trainer.sft_steps=0", "trainer.lr=1e-6")).run()
+    assert [r["sync/version"] for r in read_metrics(tmp_path / "run")] == ([1.0] if late else [])

@@ -14,7 +14,9 @@ Logprob modes: ``processed_logprobs`` returns the hf engine's ``log_softmax(logi
 top_p = 1); ``raw_logprobs`` rescored at T = 1 (vLLM's default: before temperature).
 Faults for tests: ``keep_old_weights`` (a load answers 200 but the new name serves the previous weights; a merged
 reload answers 200 and loads nothing), ``worker_extension`` False (no ``ctu_fingerprint`` rpc),
-``forget_loads`` (a load answers 200 but the name is not registered), ``fail_loads`` (500).
+``forget_loads`` (a load answers 200 but the name is not registered), ``fail_loads`` (500), ``answer_as_previous``
+(True, or a set of adapter names: a load answers 200 and the name is listed, but requests naming it are served by the previous adapter, or the base,
+and the reply's ``model`` names that one: vLLM's reply names ``OpenAIServingModels.model_name(lora_request)``).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class FakeVLLMServer:
         self.api_key = api_key
         self.weight_version = "default"
         self.keep_old_weights = self.forget_loads = self.fail_loads = False
+        self.answer_as_previous: bool | set[str] = False
+        self.aliases: dict[str, tuple[str, HFEngine]] = {}  # answer_as_previous: a name -> the name serving it, its engine
         self.worker_extension = True  # started with --worker-extension-cls ctu.engines.fingerprint.FingerprintExtension
         self.events: list[str] = []  # "load NAME", "unload NAME", "reset", "reload PATH", "complete MODEL"
         self.requests: list[dict] = []  # completions bodies
@@ -139,6 +143,9 @@ class FakeVLLMServer:
             if self.keep_old_weights:
                 previous = [m for _, m in self.adapters.values()]
                 model = previous[-1] if previous else self.base
+            if self.answer_as_previous is True or name in (self.answer_as_previous or ()):
+                previous = next((n for n in reversed(self.adapters) if n != name), self.name)
+                self.aliases[name] = self.aliases.get(previous, (previous, self.engines[previous]))
             self.adapters[name] = (path, model)
             self.engines[name] = HFEngine(model, self.tokenizer, kv_reuse=False)
         return 200, f"Success: LoRA adapter '{name}' added successfully."
@@ -195,7 +202,7 @@ class FakeVLLMServer:
     def complete(self, body: dict):
         self.requests.append(body)
         model = body.get("model") or self.name
-        engine = self.engines.get(model)
+        model, engine = self.aliases.get(model, (model, self.engines.get(model)))
         if engine is None:
             return error(404, f"The model `{model}` does not exist. Valid aliases: {self.name}.", "NotFoundError", "model")
         self.events.append(f"complete {model}")
