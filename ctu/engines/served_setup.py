@@ -44,7 +44,7 @@ def served_engine(config) -> ServedEngine:
     url = server.url + "/v1" if server is not None else e.base_url
     engine = ServedEngine(url, config.model.path, weights_dir=e.weights_dir or str(Path(config.run.dir) / "engine"),
                           keep=keep, lora_alpha=config.lora.alpha, server=server, api_key_env=e.api_key_env,
-                          timeout=e.timeout, max_retries=e.max_retries)
+                          timeout=e.timeout, max_retries=e.max_retries, inflight=config.trainer.inflight)
     try:
         engine.connect(weight_sync_mode(config), lora=config.lora.enabled)
     except BaseException:

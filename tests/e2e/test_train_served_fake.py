@@ -145,3 +145,36 @@ def test_a_server_that_acknowledges_an_adapter_and_answers_with_the_older_one_st
         with pytest.raises(ServedEngineError, match=rf"asked for '{sent}', the reply is from '{served}'"):
             Trainer(served_config(tmp_path / "run", fake.url, "trainer.sft_steps=0", "trainer.lr=1e-6")).run()
     assert [r["sync/version"] for r in read_metrics(tmp_path / "run")] == ([1.0] if late else [])
+
+
+@pytest.mark.parametrize("mode", ["abort", "continue"])
+def test_partial_rollouts_through_a_served_engine(tmp_path, mode):
+    """trainer.inflight=abort|continue with the background producer: every load is wrapped in the server's
+    /pause?mode=abort and /resume (requests it stops are sent again: tests/unit/engines/test_engine_served_inflight.py
+    pins their tokens, versions and logprobs); the run trains within the staleness bound."""
+    with FakeVLLMServer() as fake:
+        Trainer(served_config(tmp_path / "run", fake.url, "trainer.max_steps=3", "trainer.max_staleness=1",
+                              "trainer.tis_cap=2.0", f"trainer.inflight={mode}", "sampling.max_tokens=24")).run()
+    rows = read_metrics(tmp_path / "run")
+    assert [r["sync/version"] for r in rows] == [1.0, 2.0, 3.0]
+    assert all(r["async/staleness_max"] <= 1 and "async/interrupted_rows" in r for r in rows)
+    control = [e.split(" ")[0] for e in fake.events if e.split(" ")[0] in ("pause", "resume", "load", "reload")]
+    # the initial adapter, the warm start merged into the base, then versions 0 (again, in place) to 3
+    assert control == ["pause", "load", "resume", "pause", "reload", "resume"] + ["pause", "load", "resume"] * 4
+    assert all(e == "pause abort" for e in fake.events if e.startswith("pause"))
+
+
+def test_partial_rollouts_without_the_servers_pause_routes_are_refused_before_any_work(tmp_path):
+    with FakeVLLMServer(dev_mode=False) as fake:
+        with pytest.raises(ConfigError, match=r"^trainer\.inflight: continue .*VLLM_SERVER_DEV_MODE=1"):
+            Trainer(served_config(tmp_path / "run", fake.url, "trainer.sft_steps=0", "trainer.max_staleness=1",
+                                  "trainer.tis_cap=2.0", "trainer.inflight=continue"))
+        assert not [e for e in fake.events if e.startswith(("load", "complete"))]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_partial_rollouts_are_accepted_for_served_engines_and_refused_for_the_in_process_vllm(tmp_path):
+    load_config("configs/quickstart.yaml", ["engine.kind=served", "engine.launch=true", "trainer.inflight=continue",
+                                            f"run.dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"trainer\.inflight: abort .*engine\.kind=vllm .*LLM\.generate"):
+        load_config("configs/quickstart.yaml", ["engine.kind=vllm", "trainer.inflight=abort", f"run.dir={tmp_path}"])
