@@ -23,6 +23,10 @@ vllm/entrypoints/serve/dev/, vllm/entrypoints/rl/online/api_router.py, vllm/v1/c
   "reload_weights", "kwargs": {"weights_path": DIR}}`` (merged weights from safetensors on the server's disk),
   ``POST /update_weight_version`` ``{"new_version"}`` and ``GET /weight_info`` (the reload stamp). Merged sync
   needs them; without dev mode a merged sync is refused in one line that says to train LoRA.
+- **Sleep** (vllm/entrypoints/serve/dev/sleep/api_router.py, vllm/v1/engine/core.py; dev mode and
+  ``--enable-sleep-mode``, CUDA only): ``POST /sleep?level=1&mode=...`` pauses the scheduler (requests queue) and
+  offloads the weights to host RAM, dropping the KV cache; ``POST /wake_up?tags=weights|kv_cache`` (repeatable;
+  none: all) answers ``"sleeping"`` until every tag is awake, then scheduling resumes.
 """
 
 from __future__ import annotations
@@ -66,16 +70,19 @@ class ServedEngine(RemoteEngine):
     reloaded from disk (dev mode). ``weights_dir`` must be readable by the server at the same path (same machine,
     or a shared file system). ``keep``: adapter versions whose directories stay on disk (staleness + 1).
     ``inflight`` (``trainer.inflight``): ``finish`` lets requests run through a load; ``abort``/``continue`` pause the
-    server around each load and send the stopped rows again (:mod:`ctu.engines.served_inflight`)."""
+    server around each load and send the stopped rows again (:mod:`ctu.engines.served_inflight`). ``sleep_mode``: the
+    server was started with ``--enable-sleep-mode`` beside the trainer (:meth:`sleep`)."""
 
     accepts_weights = True
 
     def __init__(self, base_url: str, model: str, *, weights_dir: str, keep: int = 2, lora_alpha: float | None = None,
-                 server=None, inflight: str = "finish", **remote_kwargs):
+                 server=None, inflight: str = "finish", sleep_mode: bool = False, **remote_kwargs):
         super().__init__(base_url, model, **remote_kwargs)
         self.inflight = inflight
         self.pause_gate = PauseGate()
         self.interrupted_rows = 0  # rows a pause stopped (abort / continue)
+        self.sleep_mode = sleep_mode
+        self.asleep: set[str] = set()  # the server's tags this engine put to sleep and has not woken
         self.root = server_root(base_url)
         self.weights_dir = Path(weights_dir)
         self.keep = max(1, int(keep))
@@ -232,6 +239,8 @@ class ServedEngine(RemoteEngine):
         shutil.rmtree(path, ignore_errors=True)  # a resumed run's leftover of the same version
         write_peft_adapter(named_tensors, str(path), peft_config, self.lora_alpha)
         self.written.append(path)
+        self.wake_up(["weights"])
+        self.wake_up(["kv_cache"])
         with paused(self):  # trainer.inflight=abort|continue: no request runs across the load
             self._load_adapter(name, path, again, version)
         for old in [n for n in self.loaded if n != name][: max(0, len(self.loaded) - self.keep)]:
@@ -285,6 +294,7 @@ class ServedEngine(RemoteEngine):
             shutil.rmtree(path, ignore_errors=True)
             raise ValueError(f"the server needs merged Hugging Face names, not PEFT names such as {bad[0]}")
         self.written.append(path)
+        self.wake_up(["weights"])
         with paused(self):  # trainer.inflight=abort|continue: no request runs across the reload
             self._reload(path, version)
         self._prune(keep=1)
@@ -297,6 +307,7 @@ class ServedEngine(RemoteEngine):
             hint = (": start the server with VLLM_SERVER_DEV_MODE=1 or train LoRA (lora.enabled=true)"
                     if route_missing(response) else "")
             raise self.fail(f"reloading merged weights of version {version} from {path}", response, hint)
+        self.wake_up(["kv_cache"])
         self.reset_prefix_cache(running=True)
         stamp = self.call("POST", "/update_weight_version", {"new_version": adapter_name(version)})  # type: ignore[arg-type]
         if stamp.status_code != 200:
@@ -305,6 +316,27 @@ class ServedEngine(RemoteEngine):
         served = version_of(str(data.get("weight_version"))) if info.status_code == 200 else None
         with self._lock:
             self.weights_version = served
+
+    def sleep(self) -> None:
+        """``POST /sleep?level=1&mode=wait`` (a server ctu launched on CUDA beside the trainer; else nothing): its
+        weights go to pinned host RAM and its KV cache is dropped while the trainer updates. Level 1, not 2: an
+        adapter sync keeps the base, and the woken weights are the ones served (a merged reload overwrites them).
+        ``mode=wait``: a request still running finishes first (ctu sleeps between rollouts)."""
+        if self.sleep_mode and not self.asleep:
+            response = self.call("POST", "/sleep?level=1&mode=wait")
+            if response.status_code != 200:
+                raise self.fail("POST /sleep?level=1", response)
+            self.asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """``POST /wake_up?tags=...`` for ``tags`` still asleep (None: all): a load wakes the weights first, the KV
+        cache after (its memory is not needed to load); the server schedules again once both are awake."""
+        wanted = sorted(self.asleep & set(tags if tags is not None else self.asleep))
+        if wanted:
+            response = self.call("POST", "/wake_up?" + "&".join(f"tags={t}" for t in wanted))
+            if response.status_code != 200:
+                raise self.fail(f"POST /wake_up ({', '.join(wanted)})", response)
+            self.asleep -= set(wanted)
 
     def fingerprint(self):
         """The server's own fingerprint of its weights (``/collective_rpc ctu_fingerprint``: a server started with

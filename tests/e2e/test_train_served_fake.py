@@ -178,3 +178,35 @@ def test_partial_rollouts_are_accepted_for_served_engines_and_refused_for_the_in
                                             f"run.dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"trainer\.inflight: abort .*engine\.kind=vllm .*LLM\.generate"):
         load_config("configs/quickstart.yaml", ["engine.kind=vllm", "trainer.inflight=abort", f"run.dir={tmp_path}"])
+
+
+@pytest.mark.parametrize("mode", ["adapter", "merged"])
+def test_a_launched_colocated_server_sleeps_through_each_update(tmp_path, monkeypatch, mode):
+    """engine.launch=true on CUDA beside the trainer (engine.colocated): the server sleeps (level 1) once the step's
+    rollouts are done, wakes its weights before the load and its KV cache after (adapter: both before), and is
+    awake for the parity probe and the next rollouts. The launch is stood in for by the fake (it has the routes a
+    server started with --enable-sleep-mode has)."""
+    from ctu.engines import served_setup
+
+    with FakeVLLMServer() as fake:
+        class Launched:
+            url = fake.url
+
+            def stop(self):
+                pass
+
+        monkeypatch.setattr(served_setup, "launch_server", lambda config, keep: Launched())
+        monkeypatch.setattr(served_setup, "server_sleeps", lambda config: True)
+        extra = () if mode == "adapter" else ("lora.enabled=false",)
+        Trainer(served_config(tmp_path / "run", fake.url, "engine.launch=true", "engine.base_url=null",
+                              "trainer.sft_steps=0", *extra)).run()
+    seen = [e.split(" /")[0] for e in fake.events]
+    seen = [e for i, e in enumerate(seen) if i == 0 or seen[i - 1] != e or not e.startswith("complete")]
+    if mode == "adapter":
+        load = ["wake weights", "wake kv_cache", "load ctu-v1", "reset", "complete ctu-v1"]
+        again = ["wake weights", "wake kv_cache", "load ctu-v2", "reset", "unload ctu-v1", "complete ctu-v2"]
+        assert seen == ["complete tiny-random", "sleep 1", *load, "sleep 1", *again]
+    else:
+        load = ["wake weights", "reload", "wake kv_cache", "reset", "complete tiny-random"]
+        assert seen == ["complete tiny-random", "sleep 1", *load, "sleep 1", *load]
+    assert [r["sync/version"] for r in read_metrics(tmp_path / "run")] == [1.0, 2.0]

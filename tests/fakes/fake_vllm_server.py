@@ -7,7 +7,9 @@ errors, e.g. a rank above ``--max-lora-rank``; 200 text), ``/v1/unload_lora_adap
 ``The lora adapter 'X' cannot be found.``; 200 text), both present only with runtime LoRA updating; completions
 naming a model that is not served: 404; ``token_id:N`` tokens, ``token_ids``, ``prompt_logprobs`` (``{id:
 {logprob, rank, decoded_token}}`` per prompt token, None first); dev routes only in dev mode (``/reset_prefix_cache``,
-``/server_info``, ``/collective_rpc reload_weights``, ``/update_weight_version``, ``/weight_info``); any other route:
+``/server_info``, ``/collective_rpc reload_weights``, ``/update_weight_version``, ``/weight_info``; the RL routes
+``/pause``, ``/resume``, ``/is_paused``; ``/sleep``, ``/wake_up``, ``/is_sleeping`` as a CUDA server started with
+``--enable-sleep-mode`` has them); any other route:
 404 ``{"detail": "Not Found"}``; ``/v1`` routes need the API key when one is set (401).
 
 Logprob modes: ``processed_logprobs`` returns the hf engine's ``log_softmax(logits / T)`` (vLLM's value at
@@ -26,6 +28,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import torch
 
@@ -75,6 +78,7 @@ class FakeVLLMServer:
         self.keep_old_weights = self.forget_loads = self.fail_loads = False
         self.answer_as_previous: bool | set[str] = False
         self.paused = False  # /pause until /resume (vLLM's PAUSED_NEW with reject_new_requests)
+        self.sleeping: set[str] = set()  # /sleep's tags until /wake_up (a CUDA server with --enable-sleep-mode)
         self.aborted = 0  # choices a pause stopped (finish_reason "abort")
         self.in_flight = 0  # completions requests being generated
         self._flight = threading.Condition()
@@ -116,7 +120,9 @@ class FakeVLLMServer:
                            ("POST", "/update_weight_version"): lambda: self.stamp(body),
                            ("GET", "/weight_info"): lambda: (200, {"weight_version": self.weight_version}),
                            ("POST", "/pause"): lambda: self.pause(query), ("POST", "/resume"): self.resume,
-                           ("GET", "/is_paused"): lambda: (200, {"is_paused": self.paused})})
+                           ("GET", "/is_paused"): lambda: (200, {"is_paused": self.paused}),
+                           ("POST", "/sleep"): lambda: self.sleep(query), ("POST", "/wake_up"): lambda: self.wake(query),
+                           ("GET", "/is_sleeping"): lambda: (200, {"is_sleeping": bool(self.sleeping)})})
         handler = routes.get((method, path))
         return handler() if handler is not None else (404, {"detail": "Not Found"})
 
@@ -213,6 +219,7 @@ class FakeVLLMServer:
         if engine is None:
             return error(404, f"The model `{model}` does not exist. Valid aliases: {self.name}.", "NotFoundError", "model")
         with self._flight:
+            self._flight.wait_for(lambda: not self.sleeping)  # a sleeping engine queues requests until fully awake
             if self.paused:  # vllm/v1/engine/core.py _reject_add_while_paused -> RetryableRequestError (503)
                 return error(503, "Generation is paused. Please retry after it resumes.", "ServiceUnavailableError")
             self.in_flight += 1
@@ -250,7 +257,7 @@ class FakeVLLMServer:
         """``POST /pause?mode=abort|wait|keep``: abort stops running requests and returns once they have answered;
         wait returns once they finished; both refuse new ones until ``/resume``. keep (requests frozen in the
         queue, run on after /resume with their KV) is not modelled: ctu does not use it."""
-        mode = dict(p.partition("=")[::2] for p in query.split("&") if p).get("mode", "abort")
+        mode = parse_qs(query).get("mode", ["abort"])[0]
         if mode not in ("abort", "wait"):
             return error(500, f"the fake server models pause modes abort and wait, not {mode}", "InternalServerError")
         self.events.append(f"pause {mode}")
@@ -263,6 +270,26 @@ class FakeVLLMServer:
             for engine in stopping:
                 engine._pending_loads -= 1
         return 200, {"status": "paused"}
+
+    def sleep(self, query: str):
+        """``POST /sleep?level=1`` (vllm/entrypoints/serve/dev/sleep/api_router.py, vllm/v1/engine/core.py): the
+        scheduler paused (requests queue, none refused), level 1 offloads the weights to host RAM and drops the KV
+        cache, level 2 drops both; the tags ``weights`` and ``kv_cache`` sleep."""
+        level = int(parse_qs(query).get("level", ["1"])[0])
+        self.events.append(f"sleep {level}")
+        with self._flight:
+            self._flight.wait_for(lambda: self.in_flight == 0)  # ctu sleeps only between rollouts
+            self.sleeping = {"weights", "kv_cache"}
+        return 200, {"status": "sleeping", "level": level}
+
+    def wake(self, query: str):
+        """``POST /wake_up[?tags=T...]``: wakes those tags (all without any); scheduling resumes once all are awake."""
+        tags = parse_qs(query).get("tags") or None
+        self.events.append("wake " + (" ".join(tags) if tags else "all"))
+        with self._flight:
+            self.sleeping -= set(tags) if tags else self.sleeping
+            self._flight.notify_all()
+            return 200, {"status": "sleeping" if self.sleeping else "awake", "tags": tags}
 
     def resume(self):
         self.events.append("resume")

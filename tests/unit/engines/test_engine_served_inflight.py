@@ -115,3 +115,24 @@ def test_a_server_without_the_pause_routes_is_refused_at_connect(fake, tmp_path,
     with pytest.raises(ConfigError, match=rf"^trainer\.inflight: {mode} .*VLLM_SERVER_DEV_MODE=1"):
         engine_for(fake, tmp_path, mode)
     assert not [e for e in fake.events if e.startswith(("load", "pause", "complete"))]
+
+
+def test_a_sleeping_server_wakes_its_weights_to_load_then_its_kv_cache(fake, policy, tmp_path):  # noqa: F811
+    """vllm/entrypoints/serve/dev/sleep/api_router.py: POST /sleep?level=1 (weights to host RAM, KV cache dropped;
+    dev mode), POST /wake_up?tags=weights then ?tags=kv_cache ("sleeping" until both are awake). A served engine
+    with sleep mode sleeps once, wakes the weights before a load and the KV cache after, and generates awake."""
+    engine = ServedEngine(fake.url + "/v1", fake.name, weights_dir=str(tmp_path / "w"), keep=2, lora_alpha=16,
+                          sleep_mode=True)
+    engine.connect("adapter", lora=True)
+    engine.sleep()
+    engine.sleep()  # asleep already: nothing sent
+    assert fake.sleeping == {"weights", "kv_cache"}
+    new_version(policy, 1)
+    engine.update_adapter(adapter_named_tensors(policy), 1)
+    engine.wake_up()  # awake already: nothing sent
+    engine.generate_sync([PROMPT], SamplingParams(max_tokens=4))
+    control = [e for e in fake.events if not e.startswith("complete")]
+    assert control == ["sleep 1", "wake weights", "wake kv_cache", "load ctu-v1", "reset"] and not fake.sleeping
+    plain = ServedEngine(fake.url + "/v1", fake.name, weights_dir=str(tmp_path / "p"), keep=2)
+    plain.sleep()  # without sleep mode (an attached or CPU server): a no-op
+    assert not fake.sleeping and httpx.get(fake.url + "/is_sleeping").json() == {"is_sleeping": False}
