@@ -1,6 +1,7 @@
 """engine.kind=served against a real vLLM OpenAI server on CPU (`nox -s vllm_cpu`): 3 LoRA adapter versions
-hot-loaded into the running server with the parity probe and the version stamp after each, and 2 steps of
-`ctu train` with a server that ctu launches, health-checks and stops itself."""
+hot-loaded into the running server with the parity probe and the version stamp after each, an adapter load midway
+through a long completion (trainer.inflight=continue: /pause, /resume, the rest sampled by the new adapter), and
+2 steps of `ctu train` with a server that ctu launches, health-checks and stops itself."""
 
 import os
 import time
@@ -71,40 +72,11 @@ def test_three_adapter_versions_hot_loaded_into_a_real_server(server, tiny_llama
     assert max(diffs) < 1e-3, diffs
 
 
-def test_merged_weights_reload_into_a_real_server_through_the_dev_routes(server, tiny_llama, tmp_path):
-    """After the adapter test on the same server: the base reloaded from safetensors on disk, stamped, probed."""
-    from transformers import AutoModelForCausalLM
-
-    from ctu.train.weights import hf_name
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
-    engine = ServedEngine(server.url + "/v1", "tiny-llama", weights_dir=str(tmp_path / "w"), keep=2)
-    engine.connect("merged", lora=False)
-    for version in (1, 2):
-        with torch.no_grad():
-            model.model.layers[0].mlp.down_proj.weight.mul_(1.5)
-        started = time.monotonic()
-        engine.update_weights(((hf_name(n) or n, p.detach()) for n, p in model.named_parameters()), version)
-        load_s = time.monotonic() - started
-        diff = probe_parity(engine, lambda ids, attn, t: token_logprobs(model, ids, attn, t)[0], temperature=0.7,
-                            tokens=16, seed=version)
-        print(f"merged v{version}: reload {load_s:.2f}s, parity {diff:.2e}")
-        check_parity(diff, 1e-2)
-        check_versions([engine.weights_version], version)
-    engine.close()
-
-
-
-def generated(server) -> float:
-    """The server's count of generated tokens so far (Prometheus ``vllm:generation_tokens_total``)."""
-    lines = httpx.get(server.url + "/metrics").text.splitlines()
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines if ln.startswith("vllm:generation_tokens_total"))
-
-
 def test_an_adapter_load_midway_through_a_long_completion_continues_it_on_a_real_server(server, tiny_llama, tmp_path):
     """trainer.inflight=continue: the load pauses the server (POST /pause?mode=abort), whose running request answers
     with its tokens so far and finish_reason "abort"; after /resume ctu sends prompt + those tokens to the new adapter
-    with what is left of max_tokens. Each token's version and logprob are those of the weights that sampled it."""
+    with what is left of max_tokens. Each token's version and logprob are those of the weights that sampled it.
+    Before the merged test, which changes the server's base."""
     import contextlib
     import threading
 
@@ -121,16 +93,20 @@ def test_an_adapter_load_midway_through_a_long_completion_continues_it_on_a_real
         engine.unload(f"ctu-v{leftover}")
     prompt = [1, 520, 33, 88, 2, 198, 1, 520]
     params = SamplingParams(temperature=1.0, max_tokens=2000, seed=3)
-    engine.generate_sync([prompt], SamplingParams(max_tokens=16))  # the server's first request is slow
-    started = time.monotonic()
-    (plain,) = engine.generate_sync([prompt], params)[0]
-    took = time.monotonic() - started
-    print(f"{len(plain.token_ids)} tokens in {took:.2f}s without a load")
+
+    def timed() -> float:  # seconds one request of ``params`` takes now
+        started = time.monotonic()
+        out["c"] = engine.generate_sync([prompt], params)[0][0]
+        return time.monotonic() - started
+
     out: dict = {}
-    for version in (1, 2, 3):  # the load a third of the way in; again, sooner, if the request had finished first
-        thread = threading.Thread(target=lambda: out.update(c=engine.generate_sync([prompt], params)[0][0]))
+    durations: list[float] = []
+    took = min(timed(), timed())  # the server's first requests are slower
+    print(f"{len(out['c'].token_ids)} tokens in {took:.2f}s without a load")
+    for version in (1, 2, 3, 4, 5):  # the load a third of the way in; sooner if the request had finished first
+        thread = threading.Thread(target=lambda: durations.append(timed()))
         thread.start()
-        time.sleep(took / 3 ** version)
+        time.sleep(took / 3)
         g = torch.Generator().manual_seed(10 + version)
         with torch.no_grad():
             for name, p in policy.named_parameters():
@@ -140,6 +116,7 @@ def test_an_adapter_load_midway_through_a_long_completion_continues_it_on_a_real
         thread.join(300)
         if engine.interrupted_rows:
             break
+        took = min(took, durations[-1])
     else:
         raise AssertionError("every request finished before its load")
     previous = version - 1
@@ -166,6 +143,30 @@ def test_an_adapter_load_midway_through_a_long_completion_continues_it_on_a_real
     torch.testing.assert_close(got[:switch], before[:switch], rtol=0, atol=1e-3)
     torch.testing.assert_close(got[switch:], after[switch:], rtol=0, atol=1e-3)
     engine.close()
+
+
+def test_merged_weights_reload_into_a_real_server_through_the_dev_routes(server, tiny_llama, tmp_path):
+    """After the adapter test on the same server: the base reloaded from safetensors on disk, stamped, probed."""
+    from transformers import AutoModelForCausalLM
+
+    from ctu.train.weights import hf_name
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    engine = ServedEngine(server.url + "/v1", "tiny-llama", weights_dir=str(tmp_path / "w"), keep=2)
+    engine.connect("merged", lora=False)
+    for version in (1, 2):
+        with torch.no_grad():
+            model.model.layers[0].mlp.down_proj.weight.mul_(1.5)
+        started = time.monotonic()
+        engine.update_weights(((hf_name(n) or n, p.detach()) for n, p in model.named_parameters()), version)
+        load_s = time.monotonic() - started
+        diff = probe_parity(engine, lambda ids, attn, t: token_logprobs(model, ids, attn, t)[0], temperature=0.7,
+                            tokens=16, seed=version)
+        print(f"merged v{version}: reload {load_s:.2f}s, parity {diff:.2e}")
+        check_parity(diff, 1e-2)
+        check_versions([engine.weights_version], version)
+    engine.close()
+
 
 
 def test_two_steps_of_ctu_train_with_a_launched_server(tmp_path, tiny_llama, monkeypatch):
