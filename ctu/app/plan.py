@@ -34,7 +34,8 @@ micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
   and, for a Ray rollout worker, its process's CUDA context (CUDA_CONTEXT, every phase). Colocated engines sleep
   during updates (:func:`ctu.app.plan_terms.sleep_level`: level 1 for adapter syncs, pinning their bf16 weights in
   host RAM, shown as ``host_pinned``; level 2 for merged syncs, nothing pinned), so their fraction counts during
-  rollouts only; a non-colocated engine stays awake on the same GPU (``engine.colocated=false`` in one process),
+  rollouts only (a server ctu launches beside the trainer, too: level 1 on CUDA, awake on CPU); a non-colocated
+  engine stays awake on the same GPU (``engine.colocated=false`` in one process),
   so its fraction counts in both phases. Split placement: engines on GPUs of their own, awake, no sleep or wake
   costs; each such GPU must hold fraction + graphs + context.
 - hf engine: rollouts run on the policy itself; its KV cache is bounded by max_batch_size x max_context_tokens.
@@ -85,6 +86,7 @@ from ctu.app.plan_terms import (  # noqa: F401 - re-exported: the shapes and ter
     export_transient,
     host_pinned,
     kv_bytes_per_token,
+    launched_server_note,
     lora_parameter_count,
     parameter_count,
     resolve_arch,
@@ -94,7 +96,7 @@ from ctu.app.plan_terms import (  # noqa: F401 - re-exported: the shapes and ter
     vllm_batched_tokens,
     vllm_profiling_peak,
 )
-from ctu.config.schema import weight_sync_mode
+from ctu.config.schema import engines_sleep, weight_sync_mode
 
 LOGIT_BUDGET = 1 << 25  # = ctu.train.logprobs.LOGIT_BUDGET (checked by a unit test; not imported: no torch here)
 FRAGMENTATION = 0.05
@@ -240,10 +242,10 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
     rollout = persistent  # gradients are freed (set to None) right after the optimizer step
     kind, k = config.engine.kind, where.engines
     served = kind == "served" and bool(getattr(config.engine, "launch", False))  # a server ctu starts on this GPU
-    if served:  # vLLM beside the trainer, awake through updates (it does not sleep), its fraction as launched
+    served_sleeps = served and cuda and engines_sleep(config)  # level 1 through updates (no sleep mode on CPU)
+    if served:  # vLLM beside the trainer, its fraction as launched
         kind = "vllm"
-        notes.append(f"engine.launch=true: the vLLM server ctu starts shares this GPU with --gpu-memory-utilization "
-                     f"{config.engine.gpu_memory_utilization} and stays awake through updates")
+        notes.append(launched_server_note(config, cuda))
     elif kind == "served":
         notes.append("engine.base_url: the served engine's server runs elsewhere (not counted here)")
     if where.engines > 1:
@@ -280,7 +282,9 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
         if k:
             parts["vLLM CUDA graphs (outside fraction, asleep)"] = k * VLLM_CUDA_GRAPHS
         rollout += k * (fraction + VLLM_CUDA_GRAPHS)
-        if config.engine.colocated and k and not served:
+        if served_sleeps:
+            train += k * VLLM_CUDA_GRAPHS
+        elif config.engine.colocated and k and not served:
             train += k * VLLM_CUDA_GRAPHS
             level = sleep_level(config)
             notes.append(f"vLLM sleep level {level} during updates: " + (
@@ -316,7 +320,8 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
     label, transient = sync_transient(a, config, b, n, trainable)
     if transient:
         parts[label] = transient
-    state = sync_engine_state(config, n > 1 or bool(getattr(getattr(config, "distributed", None), "trainer_workers", 0)))
+    sharded = n > 1 or bool(getattr(getattr(config, "distributed", None), "trainer_workers", 0))
+    state = "asleep" if served_sleeps else sync_engine_state(config, sharded)  # served: written to disk, then woken
     engine = rollout - persistent  # what the engines hold awake
     if state != "awake" and kind == "vllm" and cuda:
         engine = k * (VLLM_CUDA_GRAPHS + (0 if state == "asleep" else 2 * p + parts.get("vLLM LoRA slots (bf16)", 0)))
@@ -345,7 +350,7 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
     if n > 1 and not getattr(getattr(config, "distributed", None), "trainer_workers", 0):
         notes.append(f"{n} GPUs assume FSDP2 FULL_SHARD over {n} trainer ranks: `ctu train` needs "
                      f"distributed.trainer_workers={n} for that (without it, it trains on one GPU)")
-    pinned = host_pinned(config, k, p) if kind == "vllm" and cuda and not served else 0
+    pinned = (k * 2 * p if served_sleeps else 0 if served else host_pinned(config, k, p)) if kind == "vllm" and cuda else 0
     return Plan(config.model.path, gpus, memory, p, trainable, parts, other, train, rollout, notes, problems, sync,
                 pinned, export, export_host_bytes(a, config))
 

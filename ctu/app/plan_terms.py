@@ -140,6 +140,22 @@ def sleep_level(config) -> int:
     return 1 if weight_sync_mode(config) == "adapter" else 2
 
 
+def launched_server_note(config, cuda: bool) -> str:
+    """What the vLLM server ctu launches (``engine.launch=true``) does through updates: beside the trainer
+    (``engine.colocated``) on CUDA it sleeps at level 1 (``--enable-sleep-mode``, ``POST /sleep?level=1``: its bf16
+    weights pinned in host RAM, its KV cache dropped); vLLM's CPU platform has no sleep mode, so there it stays
+    awake, as it does with ``engine.colocated=false``."""
+    fraction = f"--gpu-memory-utilization {config.engine.gpu_memory_utilization}"
+    if not cuda:
+        return ("engine.launch=true on CPU: vLLM's CPU backend has no sleep mode, so the server ctu starts stays "
+                "awake through updates (its memory is not counted here)")
+    if not engines_sleep(config):
+        return f"engine.launch=true: the vLLM server ctu starts shares this GPU with {fraction} and stays awake through updates"
+    return (f"engine.launch=true: the vLLM server ctu starts shares this GPU with {fraction} and sleeps at level 1 "
+            "during updates (--enable-sleep-mode: its bf16 weights pinned in host RAM, its KV cache dropped); on a "
+            "machine without CUDA it stays awake (vLLM's CPU backend has no sleep mode)")
+
+
 def host_pinned(config, engines: int, parameters: int) -> int:
     """Pinned host RAM per trainer GPU while its ``engines`` colocated vLLM engines sleep: their bf16 weights at
     level 1, nothing at level 2 or when they do not sleep (``engine.colocated=false``, split placement)."""

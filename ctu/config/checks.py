@@ -309,9 +309,11 @@ def _async_problems(config: Config) -> list[str]:
     k = config.trainer.max_staleness
     if k < 0:
         return [f"trainer.max_staleness: must be >= 0, got {k}"]
-    if config.trainer.inflight != "finish" and config.engine.kind != "hf":
+    if config.trainer.inflight != "finish" and config.engine.kind not in ("hf", "served"):
         return [f"trainer.inflight: {config.trainer.inflight} stops a generation call at a weight load, which the hf "
-                f"engine does; engine.kind={config.engine.kind} finishes its calls first (trainer.inflight=finish)"]
+                f"and served engines do; engine.kind={config.engine.kind} finishes its calls first (vLLM's "
+                "in-process LLM.generate drives its engine from the calling thread and has no pause to stop it from "
+                "the trainer's: trainer.inflight=finish, or engine.kind=served)"]
     if k and config.trainer.tis_cap is None:  # without it one epoch's update is on-policy for the trainer only
         return [f"trainer.tis_cap: trainer.max_staleness={k} trains on tokens sampled by older weights; set a cap "
                 "(e.g. trainer.tis_cap=2.0) so the loss weighs each token by min(pi_old / pi_sampler, cap)"]

@@ -164,11 +164,18 @@ class RemoteEngine(Engine):
     async def _post(self, client: httpx.AsyncClient, body: dict[str, Any], n: int,
                     version: int | None) -> list[Completion]:
         response, completions = await self.request_read(client, "POST", self.url, body,
-                                                        read=lambda r: read_completions(r.json(), n, version))
+                                                        read=lambda r: self.read_reply(r.json(), body, n, version))
         if response.status_code != 200:
-            raise RemoteEngineError(redact(f"{self.url} refused the request: HTTP {response.status_code}: "
-                                           f"{response.text[:200]}"))
+            raise self.post_refused(response)
         return completions
+
+    def post_refused(self, response: httpx.Response) -> RemoteEngineError:
+        return RemoteEngineError(redact(f"{self.url} refused the request: HTTP {response.status_code}: "
+                                        f"{response.text[:200]}"))
+
+    def read_reply(self, data: Any, body: dict[str, Any], n: int, version: int | None) -> list[Completion]:
+        """The completions of the reply ``data`` to the request ``body``."""
+        return read_completions(data, n, version)
 
     def _gate(self) -> asyncio.Semaphore:
         """The request gate of the running event loop (a semaphore serves one loop; each ``asyncio.run`` is new)."""
@@ -194,12 +201,16 @@ class RemoteEngine(Engine):
 
             async def one(i: int, prompt: Sequence[int]) -> list[Completion]:
                 seed = seeds[i] if seeds is not None else (None if params.seed is None else params.seed + i * params.n)
-                async with self._gate():  # the target is read once through it: a request held here must not
-                    model, version = self.target()  # name an adapter unloaded meanwhile (k + 1 are kept)
-                    return await self._post(client, self.request_body(prompt, replace(params, seed=seed), model),
-                                            params.n, version)
+                return await self.complete_prompt(client, prompt, replace(params, seed=seed))
 
             return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+    async def complete_prompt(self, client: httpx.AsyncClient, prompt: Sequence[int],
+                              params: SamplingParams) -> list[Completion]:
+        """One request: ``params.n`` completions of ``prompt``."""
+        async with self._gate():  # the target is read once through it: a request held here must not
+            model, version = self.target()  # name an adapter unloaded meanwhile (k + 1 are kept)
+            return await self._post(client, self.request_body(prompt, params, model), params.n, version)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, object]], version: int | None = None) -> None:
         raise NotImplementedError(

@@ -23,122 +23,66 @@ vllm/entrypoints/serve/dev/, vllm/entrypoints/rl/online/api_router.py, vllm/v1/c
   "reload_weights", "kwargs": {"weights_path": DIR}}`` (merged weights from safetensors on the server's disk),
   ``POST /update_weight_version`` ``{"new_version"}`` and ``GET /weight_info`` (the reload stamp). Merged sync
   needs them; without dev mode a merged sync is refused in one line that says to train LoRA.
+- **Sleep** (vllm/entrypoints/serve/dev/sleep/api_router.py, vllm/v1/engine/core.py; dev mode and
+  ``--enable-sleep-mode``, CUDA only): ``POST /sleep?level=1&mode=...`` pauses the scheduler (requests queue) and
+  offloads the weights to host RAM, dropping the KV cache; ``POST /wake_up?tags=weights|kv_cache`` (repeatable;
+  none: all) answers ``"sleeping"`` until every tag is awake, then scheduling resumes.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import math
-import re
 import shutil
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from ctu.config.redact import redact
+from ctu.config.yaml_load import ConfigError
 from ctu.engines.base import Completion, SamplingParams
 from ctu.engines.remote import MalformedReply, RemoteEngine, RemoteEngineError
+from ctu.engines.served_inflight import PauseGate, complete_with_pauses, paused
+from ctu.engines.served_wire import (
+    ADMIN_RETRY,
+    ServedEngineError,
+    adapter_name,
+    json_object,
+    model_ids,
+    route_missing,
+    run_sync,
+    server_info,
+    server_message,
+    server_root,
+    version_of,
+)
 from ctu.episode.net import join_url
 
 log = logging.getLogger(__name__)
-NAME = re.compile(r"^ctu-v(\d+)$")
-ADMIN_RETRY = (429, 502, 503, 504)  # a load that failed with 500 fails again: not retried
-
-
-class ServedEngineError(RuntimeError):
-    """The server refused a weight load, unload or check (one line: URL, what, the server's message)."""
-
-
-def adapter_name(version: int) -> str:
-    return f"ctu-v{version}"
-
-
-def version_of(name: str | None) -> int | None:
-    match = NAME.match(name or "")
-    return int(match.group(1)) if match else None
-
-
-def run_sync(coro):
-    """Run ``coro`` to completion from synchronous code, also from inside a running event loop (in a thread)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-def server_info(response: httpx.Response) -> dict[str, Any]:
-    """``/server_info``'s ``vllm_config`` with its ``model_config`` (objects; {} where absent)."""
-    info = json_object(response).get("vllm_config") or {}
-    if not isinstance(info, dict) or not isinstance(info.get("model_config") or {}, dict):
-        raise MalformedReply("'vllm_config' (or its 'model_config') is not an object")
-    return info
-
-
-def server_message(response: httpx.Response) -> str:
-    """vLLM's error message (``{"error": {"message"}}``, FastAPI's ``{"detail"}``), else the body's start."""
-    try:
-        data = response.json()
-    except ValueError:
-        return response.text[:200]
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])[:300]
-        if isinstance(error, str):  # the API-key middleware's {"error": "Unauthorized"}
-            return error[:300]
-        if data.get("detail"):
-            return str(data["detail"])[:300]
-    return response.text[:200]
-
-
-def route_missing(response: httpx.Response) -> bool:
-    """A 404 from the router (no such route: FastAPI's ``{"detail": "Not Found"}``), not from a handler."""
-    return response.status_code in (404, 405) and "error" not in response.text
-
-
-def server_root(base_url: str) -> str:
-    """The server's root URL from its OpenAI base URL: the path without a final ``/v1``, the query kept."""
-    parts = urlsplit(base_url)
-    path = parts.path.rstrip("/")
-    return urlunsplit((parts.scheme, parts.netloc, path[: -len("/v1")] if path.endswith("/v1") else path,
-                       parts.query, parts.fragment))
-
-
-def json_object(response: httpx.Response) -> dict[str, Any]:
-    """A reply's JSON object (:class:`MalformedReply` for another JSON value)."""
-    data = response.json()
-    if not isinstance(data, dict):
-        raise MalformedReply(f"a JSON {type(data).__name__}, not an object")
-    return data
-
-
-def model_ids(response: httpx.Response) -> list[str]:
-    """The ``id`` of every card of ``GET /v1/models`` (``{"data": [{"id": ...}]}``)."""
-    cards = json_object(response).get("data") or []
-    if not isinstance(cards, list) or not all(isinstance(c, dict) for c in cards):
-        raise MalformedReply("'data' is not a list of model cards")
-    return [str(c.get("id")) for c in cards]
 
 
 class ServedEngine(RemoteEngine):
     """A vLLM server that takes the trainer's weights: LoRA adapters hot-loaded per version, or merged weights
     reloaded from disk (dev mode). ``weights_dir`` must be readable by the server at the same path (same machine,
-    or a shared file system). ``keep``: adapter versions whose directories stay on disk (staleness + 1)."""
+    or a shared file system). ``keep``: adapter versions whose directories stay on disk (staleness + 1).
+    ``inflight`` (``trainer.inflight``): ``finish`` lets requests run through a load; ``abort``/``continue`` pause the
+    server around each load and send the stopped rows again (:mod:`ctu.engines.served_inflight`). ``sleep_mode``: the
+    server was started with ``--enable-sleep-mode`` beside the trainer (:meth:`sleep`)."""
 
     accepts_weights = True
 
     def __init__(self, base_url: str, model: str, *, weights_dir: str, keep: int = 2, lora_alpha: float | None = None,
-                 server=None, **remote_kwargs):
+                 server=None, inflight: str = "finish", sleep_mode: bool = False, **remote_kwargs):
         super().__init__(base_url, model, **remote_kwargs)
+        self.inflight = inflight
+        self.pause_gate = PauseGate()
+        self.interrupted_rows = 0  # rows a pause stopped (abort / continue)
+        self.sleep_mode = sleep_mode
+        self.asleep: set[str] = set()  # the server's tags this engine put to sleep and has not woken
         self.root = server_root(base_url)
         self.weights_dir = Path(weights_dir)
         self.keep = max(1, int(keep))
@@ -215,6 +159,10 @@ class ServedEngine(RemoteEngine):
             raise self.fail("merged weight sync", response, hint=": it reloads weights through the dev routes "
                             "(/collective_rpc reload_weights): start the server with VLLM_SERVER_DEV_MODE=1, or "
                             "train LoRA (lora.enabled=true), whose adapters hot-load through /v1/load_lora_adapter")
+        if self.inflight != "finish" and route_missing(self.call("GET", "/is_paused")):
+            raise ConfigError(f"trainer.inflight: {self.inflight} stops the requests running at a weight load "
+                              f"through the server's /pause and /resume routes, and {redact(self.root)} has none: "
+                              "start it with VLLM_SERVER_DEV_MODE=1, or trainer.inflight=finish")
 
     @property
     def reloads_base(self) -> bool:
@@ -239,6 +187,25 @@ class ServedEngine(RemoteEngine):
                         -math.log(params.top_p) if params.top_p < 1 else float("inf"))
         return await super().generate(prompts, params, seeds)
 
+    async def complete_prompt(self, client: httpx.AsyncClient, prompt: Sequence[int],
+                              params: SamplingParams) -> list[Completion]:
+        if self.inflight == "finish":
+            return await super().complete_prompt(client, prompt, params)
+        return await complete_with_pauses(self, client, prompt, params)
+
+    def read_reply(self, data: Any, body: dict[str, Any], n: int, version: int | None) -> list[Completion]:
+        completions = super().read_reply(data, body, n, version)
+        self.check_model(body["model"], data.get("model"))
+        return completions
+
+    def check_model(self, sent: str, answered: Any) -> None:
+        """vLLM's reply names the model it resolved for the request (``OpenAIServingModels.model_name``: the
+        adapter's name, else the base's): a request for adapter ``ctu-v<v>`` answered under another name was
+        served by weights other than the ones ctu loaded, so the run stops."""
+        if version_of(sent) is not None and answered != sent:
+            raise ServedEngineError(f"{redact(self.root)}: asked for '{sent}', the reply is from '{answered}': the "
+                                    "server serves something other than the adapter ctu loaded")
+
     def generate_sync(self, prompts, params, seeds=None) -> list[list[Completion]]:
         return run_sync(self.generate(prompts, params, seeds))
 
@@ -248,7 +215,9 @@ class ServedEngine(RemoteEngine):
         body = {"model": model, "prompt": list(ids), "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
                 "return_token_ids": True}
         def rows_of(response: httpx.Response) -> list[float]:
-            rows = ((json_object(response).get("choices") or [{}])[0] or {}).get("prompt_logprobs") or []
+            data = json_object(response)
+            rows = ((data.get("choices") or [{}])[0] or {}).get("prompt_logprobs") or []
+            self.check_model(model, data.get("model"))
             if len(rows) != len(ids):
                 raise MalformedReply(f"{len(rows)} prompt logprob rows for {len(ids)} prompt tokens")
             return [float(row[str(t)]["logprob"]) for row, t in zip(rows[1:], ids[1:], strict=True)]
@@ -270,6 +239,16 @@ class ServedEngine(RemoteEngine):
         shutil.rmtree(path, ignore_errors=True)  # a resumed run's leftover of the same version
         write_peft_adapter(named_tensors, str(path), peft_config, self.lora_alpha)
         self.written.append(path)
+        self.wake_up(["weights"])
+        self.wake_up(["kv_cache"])
+        with paused(self):  # trainer.inflight=abort|continue: no request runs across the load
+            self._load_adapter(name, path, again, version)
+        for old in [n for n in self.loaded if n != name][: max(0, len(self.loaded) - self.keep)]:
+            self.unload(old)  # the newest ``keep`` stay: requests in flight under max_staleness may still name them
+        self._prune()
+
+    def _load_adapter(self, name: str, path: Path, again: bool, version: int) -> None:
+        """Load, reset the prefix cache, and serve ``name`` once the server lists it."""
         body = {"lora_name": name, "lora_path": str(path), **({"load_inplace": True} if again else {})}
         response = self.call("POST", "/v1/load_lora_adapter", body)
         if response.status_code != 200:
@@ -284,9 +263,6 @@ class ServedEngine(RemoteEngine):
             return
         with self._lock:  # requests sent from now on name the new adapter
             self.served, self.weights_version = name, version
-        for old in [n for n in self.loaded if n != name][: max(0, len(self.loaded) - self.keep)]:
-            self.unload(old)  # the newest ``keep`` stay: requests in flight under max_staleness may still name them
-        self._prune()
 
     def unload(self, name: str) -> None:
         response = self.call("POST", "/v1/unload_lora_adapter", {"lora_name": name})
@@ -318,12 +294,20 @@ class ServedEngine(RemoteEngine):
             shutil.rmtree(path, ignore_errors=True)
             raise ValueError(f"the server needs merged Hugging Face names, not PEFT names such as {bad[0]}")
         self.written.append(path)
+        self.wake_up(["weights"])
+        with paused(self):  # trainer.inflight=abort|continue: no request runs across the reload
+            self._reload(path, version)
+        self._prune(keep=1)
+
+    def _reload(self, path: Path, version: int | None) -> None:
+        """Reload merged weights from ``path``, reset the prefix cache, stamp and read back the version."""
         response = self.call("POST", "/collective_rpc", {"method": "reload_weights",
                                                          "kwargs": {"weights_path": str(path)}})
         if response.status_code != 200:
             hint = (": start the server with VLLM_SERVER_DEV_MODE=1 or train LoRA (lora.enabled=true)"
                     if route_missing(response) else "")
             raise self.fail(f"reloading merged weights of version {version} from {path}", response, hint)
+        self.wake_up(["kv_cache"])
         self.reset_prefix_cache(running=True)
         stamp = self.call("POST", "/update_weight_version", {"new_version": adapter_name(version)})  # type: ignore[arg-type]
         if stamp.status_code != 200:
@@ -332,7 +316,27 @@ class ServedEngine(RemoteEngine):
         served = version_of(str(data.get("weight_version"))) if info.status_code == 200 else None
         with self._lock:
             self.weights_version = served
-        self._prune(keep=1)
+
+    def sleep(self) -> None:
+        """``POST /sleep?level=1&mode=wait`` (a server ctu launched on CUDA beside the trainer; else nothing): its
+        weights go to pinned host RAM and its KV cache is dropped while the trainer updates. Level 1, not 2: an
+        adapter sync keeps the base, and the woken weights are the ones served (a merged reload overwrites them).
+        ``mode=wait``: a request still running finishes first (ctu sleeps between rollouts)."""
+        if self.sleep_mode and not self.asleep:
+            response = self.call("POST", "/sleep?level=1&mode=wait")
+            if response.status_code != 200:
+                raise self.fail("POST /sleep?level=1", response)
+            self.asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """``POST /wake_up?tags=...`` for ``tags`` still asleep (None: all): a load wakes the weights first, the KV
+        cache after (its memory is not needed to load); the server schedules again once both are awake."""
+        wanted = sorted(self.asleep & set(tags if tags is not None else self.asleep))
+        if wanted:
+            response = self.call("POST", "/wake_up?" + "&".join(f"tags={t}" for t in wanted))
+            if response.status_code != 200:
+                raise self.fail(f"POST /wake_up ({', '.join(wanted)})", response)
+            self.asleep -= set(wanted)
 
     def fingerprint(self):
         """The server's own fingerprint of its weights (``/collective_rpc ctu_fingerprint``: a server started with

@@ -37,9 +37,11 @@ def free_port() -> int:
 def server_command(model_dir: str, served_name: str, port: int, *, python: str | None = None, dtype: str = "auto",
                    seed: int = 0, max_model_len: int | None = None, logprobs_mode: str = "processed_logprobs",
                    lora_rank: int | None = None, max_loras: int = 1, extra: Sequence[str] = (),
-                   gpu_memory_utilization: float | None = None, fingerprint: bool = False) -> list[str]:
+                   gpu_memory_utilization: float | None = None, fingerprint: bool = False,
+                   sleep_mode: bool = False) -> list[str]:
     """The server's command line; ``lora_rank``: serve LoRA adapters up to that rank (``--enable-lora``);
-    ``gpu_memory_utilization``: its share of the GPU (vLLM's default, 0.9, leaves no room for a trainer beside it)."""
+    ``gpu_memory_utilization``: its share of the GPU (vLLM's default, 0.9, leaves no room for a trainer beside it);
+    ``sleep_mode``: ``--enable-sleep-mode`` (``/sleep`` and ``/wake_up``, dev routes; CUDA only)."""
     cmd = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--seed", str(seed), "--logprobs-mode", logprobs_mode]
@@ -51,6 +53,8 @@ def server_command(model_dir: str, served_name: str, port: int, *, python: str |
         from ctu.engines.fingerprint import EXTENSION
 
         cmd += ["--worker-extension-cls", EXTENSION]
+    if sleep_mode:
+        cmd += ["--enable-sleep-mode"]
     if lora_rank is not None:
         cmd += ["--enable-lora", "--max-lora-rank", str(lora_rank), "--max-loras", str(max_loras)]
     return cmd + list(extra)

@@ -5,9 +5,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ctu.config.derived import served_max_loras, weight_sync_mode
+from ctu.config.derived import engines_sleep, served_max_loras, weight_sync_mode
 from ctu.engines.served import ServedEngine
 from ctu.engines.served_launch import LaunchedServer, free_port, server_command, server_env
+
+
+def server_sleeps(config) -> bool:
+    """Whether the server ctu launches sleeps through updates: beside the trainer (``engine.colocated``) on CUDA.
+    vLLM's CPU platform has no sleep mode (``is_sleep_mode_available``: CUDA, ROCm, XPU), so there it stays awake."""
+    import torch
+
+    return engines_sleep(config) and torch.cuda.is_available()
 
 
 def launch_server(config, keep: int) -> LaunchedServer:
@@ -25,7 +33,7 @@ def launch_server(config, keep: int) -> LaunchedServer:
                              logprobs_mode=choose_logprobs_mode(config.sampling.temperature, config.sampling.top_p),
                              lora_rank=config.lora.rank if adapter else None, max_loras=keep, extra=e.launch_args,
                              gpu_memory_utilization=e.gpu_memory_utilization if torch.cuda.is_available() else None,
-                             fingerprint=e.launch_python is None)  # its workers import ctu: the same python
+                             fingerprint=e.launch_python is None, sleep_mode=server_sleeps(config))  # its workers import ctu: the same python
     server = LaunchedServer(command, server_env(dict(os.environ), os.environ.get(e.api_key_env)),
                             Path(config.run.dir) / "engine" / "vllm-server.log", port)
     try:
@@ -44,7 +52,8 @@ def served_engine(config) -> ServedEngine:
     url = server.url + "/v1" if server is not None else e.base_url
     engine = ServedEngine(url, config.model.path, weights_dir=e.weights_dir or str(Path(config.run.dir) / "engine"),
                           keep=keep, lora_alpha=config.lora.alpha, server=server, api_key_env=e.api_key_env,
-                          timeout=e.timeout, max_retries=e.max_retries)
+                          timeout=e.timeout, max_retries=e.max_retries, inflight=config.trainer.inflight,
+                          sleep_mode=server is not None and server_sleeps(config))
     try:
         engine.connect(weight_sync_mode(config), lora=config.lora.enabled)
     except BaseException:

@@ -7,6 +7,7 @@ import pytest
 from ctu.app.trainer import Trainer
 from ctu.config.schema import ConfigError, load_config
 from ctu.engines.parity import ParityError
+from ctu.engines.served import ServedEngineError
 from ctu.observe.tracking import read_metrics
 from tests.e2e.test_train import config, judge  # noqa: F401 - judge: the autouse shaping-judge fixture (respx)
 from tests.fakes.fake_vllm_server import FakeVLLMServer
@@ -129,3 +130,83 @@ def test_a_server_that_acknowledges_a_merged_load_and_keeps_its_weights_stops_th
         Trainer(served_config(tmp_path / "plain", honest.url, "lora.enabled=false", "trainer.sft_steps=0",
                               "trainer.max_steps=1")).run()
     assert "cannot fingerprint its weights" in caplog.text
+
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_a_server_that_acknowledges_an_adapter_and_answers_with_the_older_one_stops_the_run_at_that_step(tmp_path, late):
+    """The load is acknowledged and the new name listed, but requests naming it are served by what was served
+    before (the base for version 1; ``late``: version 1's adapter for version 2), and vLLM's reply names the model it
+    resolved (``model``). The update is below the parity probe's tolerance, so only that field shows it: the run
+    stops at that sync's parity probe, naming both, before the step is recorded."""
+    with FakeVLLMServer() as fake:
+        fake.answer_as_previous = {"ctu-v2"} if late else True
+        sent, served = ("ctu-v2", "ctu-v1") if late else ("ctu-v1", "tiny-random")
+        with pytest.raises(ServedEngineError, match=rf"asked for '{sent}', the reply is from '{served}'"):
+            Trainer(served_config(tmp_path / "run", fake.url, "trainer.sft_steps=0", "trainer.lr=1e-6")).run()
+    assert [r["sync/version"] for r in read_metrics(tmp_path / "run")] == ([1.0] if late else [])
+
+
+@pytest.mark.parametrize("mode", ["abort", "continue"])
+def test_partial_rollouts_through_a_served_engine(tmp_path, mode):
+    """trainer.inflight=abort|continue with the background producer: every load is wrapped in the server's
+    /pause?mode=abort and /resume (requests it stops are sent again: tests/unit/engines/test_engine_served_inflight.py
+    pins their tokens, versions and logprobs); the run trains within the staleness bound."""
+    with FakeVLLMServer() as fake:
+        Trainer(served_config(tmp_path / "run", fake.url, "trainer.max_steps=3", "trainer.max_staleness=1",
+                              "trainer.tis_cap=2.0", f"trainer.inflight={mode}", "sampling.max_tokens=24")).run()
+    rows = read_metrics(tmp_path / "run")
+    assert [r["sync/version"] for r in rows] == [1.0, 2.0, 3.0]
+    assert all(r["async/staleness_max"] <= 1 and "async/interrupted_rows" in r for r in rows)
+    control = [e.split(" ")[0] for e in fake.events if e.split(" ")[0] in ("pause", "resume", "load", "reload")]
+    # the initial adapter, the warm start merged into the base, then versions 0 (again, in place) to 3
+    assert control == ["pause", "load", "resume", "pause", "reload", "resume"] + ["pause", "load", "resume"] * 4
+    assert all(e == "pause abort" for e in fake.events if e.startswith("pause"))
+
+
+def test_partial_rollouts_without_the_servers_pause_routes_are_refused_before_any_work(tmp_path):
+    with FakeVLLMServer(dev_mode=False) as fake:
+        with pytest.raises(ConfigError, match=r"^trainer\.inflight: continue .*VLLM_SERVER_DEV_MODE=1"):
+            Trainer(served_config(tmp_path / "run", fake.url, "trainer.sft_steps=0", "trainer.max_staleness=1",
+                                  "trainer.tis_cap=2.0", "trainer.inflight=continue"))
+        assert not [e for e in fake.events if e.startswith(("load", "complete"))]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_partial_rollouts_are_accepted_for_served_engines_and_refused_for_the_in_process_vllm(tmp_path):
+    load_config("configs/quickstart.yaml", ["engine.kind=served", "engine.launch=true", "trainer.inflight=continue",
+                                            f"run.dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"trainer\.inflight: abort .*engine\.kind=vllm .*LLM\.generate"):
+        load_config("configs/quickstart.yaml", ["engine.kind=vllm", "trainer.inflight=abort", f"run.dir={tmp_path}"])
+
+
+@pytest.mark.parametrize("mode", ["adapter", "merged"])
+def test_a_launched_colocated_server_sleeps_through_each_update(tmp_path, monkeypatch, mode):
+    """engine.launch=true on CUDA beside the trainer (engine.colocated): the server sleeps (level 1) once the step's
+    rollouts are done, wakes its weights before the load and its KV cache after (adapter: both before), and is
+    awake for the parity probe and the next rollouts. The launch is stood in for by the fake (it has the routes a
+    server started with --enable-sleep-mode has)."""
+    from ctu.engines import served_setup
+
+    with FakeVLLMServer() as fake:
+        class Launched:
+            url = fake.url
+
+            def stop(self):
+                pass
+
+        monkeypatch.setattr(served_setup, "launch_server", lambda config, keep: Launched())
+        monkeypatch.setattr(served_setup, "server_sleeps", lambda config: True)
+        extra = () if mode == "adapter" else ("lora.enabled=false",)
+        Trainer(served_config(tmp_path / "run", fake.url, "engine.launch=true", "engine.base_url=null",
+                              "trainer.sft_steps=0", *extra)).run()
+    seen = [e.split(" /")[0] for e in fake.events]
+    seen = [e for i, e in enumerate(seen) if i == 0 or seen[i - 1] != e or not e.startswith("complete")]
+    if mode == "adapter":
+        load = ["wake weights", "wake kv_cache", "load ctu-v1", "reset", "complete ctu-v1"]
+        again = ["wake weights", "wake kv_cache", "load ctu-v2", "reset", "unload ctu-v1", "complete ctu-v2"]
+        assert seen == ["complete tiny-random", "sleep 1", *load, "sleep 1", *again]
+    else:
+        load = ["wake weights", "reload", "wake kv_cache", "reset", "complete tiny-random"]
+        assert seen == ["complete tiny-random", "sleep 1", *load, "sleep 1", *load]
+    assert [r["sync/version"] for r in read_metrics(tmp_path / "run")] == [1.0, 2.0]

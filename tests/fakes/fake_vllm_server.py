@@ -7,14 +7,18 @@ errors, e.g. a rank above ``--max-lora-rank``; 200 text), ``/v1/unload_lora_adap
 ``The lora adapter 'X' cannot be found.``; 200 text), both present only with runtime LoRA updating; completions
 naming a model that is not served: 404; ``token_id:N`` tokens, ``token_ids``, ``prompt_logprobs`` (``{id:
 {logprob, rank, decoded_token}}`` per prompt token, None first); dev routes only in dev mode (``/reset_prefix_cache``,
-``/server_info``, ``/collective_rpc reload_weights``, ``/update_weight_version``, ``/weight_info``); any other route:
+``/server_info``, ``/collective_rpc reload_weights``, ``/update_weight_version``, ``/weight_info``; the RL routes
+``/pause``, ``/resume``, ``/is_paused``; ``/sleep``, ``/wake_up``, ``/is_sleeping`` as a CUDA server started with
+``--enable-sleep-mode`` has them); any other route:
 404 ``{"detail": "Not Found"}``; ``/v1`` routes need the API key when one is set (401).
 
 Logprob modes: ``processed_logprobs`` returns the hf engine's ``log_softmax(logits / T)`` (vLLM's value at
 top_p = 1); ``raw_logprobs`` rescored at T = 1 (vLLM's default: before temperature).
 Faults for tests: ``keep_old_weights`` (a load answers 200 but the new name serves the previous weights; a merged
 reload answers 200 and loads nothing), ``worker_extension`` False (no ``ctu_fingerprint`` rpc),
-``forget_loads`` (a load answers 200 but the name is not registered), ``fail_loads`` (500).
+``forget_loads`` (a load answers 200 but the name is not registered), ``fail_loads`` (500), ``answer_as_previous``
+(True, or a set of adapter names: a load answers 200 and the name is listed, but requests naming it are served by the previous adapter, or the base,
+and the reply's ``model`` names that one: vLLM's reply names ``OpenAIServingModels.model_name(lora_request)``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import torch
 
@@ -71,6 +76,13 @@ class FakeVLLMServer:
         self.api_key = api_key
         self.weight_version = "default"
         self.keep_old_weights = self.forget_loads = self.fail_loads = False
+        self.answer_as_previous: bool | set[str] = False
+        self.paused = False  # /pause until /resume (vLLM's PAUSED_NEW with reject_new_requests)
+        self.sleeping: set[str] = set()  # /sleep's tags until /wake_up (a CUDA server with --enable-sleep-mode)
+        self.aborted = 0  # choices a pause stopped (finish_reason "abort")
+        self.in_flight = 0  # completions requests being generated
+        self._flight = threading.Condition()
+        self.aliases: dict[str, tuple[str, HFEngine]] = {}  # answer_as_previous: a name -> the name serving it, its engine
         self.worker_extension = True  # started with --worker-extension-cls ctu.engines.fingerprint.FingerprintExtension
         self.events: list[str] = []  # "load NAME", "unload NAME", "reset", "reload PATH", "complete MODEL"
         self.requests: list[dict] = []  # completions bodies
@@ -106,7 +118,11 @@ class FakeVLLMServer:
             routes.update({("POST", "/reset_prefix_cache"): self.reset, ("GET", "/server_info"): self.server_info,
                            ("POST", "/collective_rpc"): lambda: self.rpc(body),
                            ("POST", "/update_weight_version"): lambda: self.stamp(body),
-                           ("GET", "/weight_info"): lambda: (200, {"weight_version": self.weight_version})})
+                           ("GET", "/weight_info"): lambda: (200, {"weight_version": self.weight_version}),
+                           ("POST", "/pause"): lambda: self.pause(query), ("POST", "/resume"): self.resume,
+                           ("GET", "/is_paused"): lambda: (200, {"is_paused": self.paused}),
+                           ("POST", "/sleep"): lambda: self.sleep(query), ("POST", "/wake_up"): lambda: self.wake(query),
+                           ("GET", "/is_sleeping"): lambda: (200, {"is_sleeping": bool(self.sleeping)})})
         handler = routes.get((method, path))
         return handler() if handler is not None else (404, {"detail": "Not Found"})
 
@@ -139,8 +155,12 @@ class FakeVLLMServer:
             if self.keep_old_weights:
                 previous = [m for _, m in self.adapters.values()]
                 model = previous[-1] if previous else self.base
+            if self.answer_as_previous is True or name in (self.answer_as_previous or ()):
+                previous = next((n for n in reversed(self.adapters) if n != name), self.name)
+                self.aliases[name] = self.aliases.get(previous, (previous, self.engines[previous]))
             self.adapters[name] = (path, model)
             self.engines[name] = HFEngine(model, self.tokenizer, kv_reuse=False)
+            self.engines[name].eos_ids = set(self.engines[self.name].eos_ids)  # the base's tokenizer (a test may clear)
         return 200, f"Success: LoRA adapter '{name}' added successfully."
 
     def unload(self, body: dict):
@@ -195,26 +215,95 @@ class FakeVLLMServer:
     def complete(self, body: dict):
         self.requests.append(body)
         model = body.get("model") or self.name
-        engine = self.engines.get(model)
+        model, engine = self.aliases.get(model, (model, self.engines.get(model)))
         if engine is None:
             return error(404, f"The model `{model}` does not exist. Valid aliases: {self.name}.", "NotFoundError", "model")
-        self.events.append(f"complete {model}")
-        prompt = [int(t) for t in body["prompt"]]
-        params = SamplingParams(temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
-                                max_tokens=int(body.get("max_tokens") or 16), n=int(body.get("n", 1)),
-                                stop_token_ids=tuple(body.get("stop_token_ids") or ()))
-        seed = body.get("seed")
-        outs = engine.generate_sync([prompt], params, seeds=None if seed is None else [int(seed)])[0]
-        choices = [self.choice(i, out, prompt, body, engine.model) for i, out in enumerate(outs)]
+        with self._flight:
+            self._flight.wait_for(lambda: not self.sleeping)  # a sleeping engine queues requests until fully awake
+            if self.paused:  # vllm/v1/engine/core.py _reject_add_while_paused -> RetryableRequestError (503)
+                return error(503, "Generation is paused. Please retry after it resumes.", "ServiceUnavailableError")
+            self.in_flight += 1
+        try:
+            self.events.append(f"complete {model}")
+            prompt = [int(t) for t in body["prompt"]]
+            params = SamplingParams(temperature=float(body.get("temperature", 1.0)),
+                                    top_p=float(body.get("top_p", 1.0)), max_tokens=int(body.get("max_tokens") or 16),
+                                    n=int(body.get("n", 1)), stop_token_ids=tuple(body.get("stop_token_ids") or ()))
+            seed = body.get("seed")
+            outs = self.sample(engine, prompt, params, None if seed is None else int(seed))
+            choices = [self.choice(i, out, prompt, body, engine.model) for i, out in enumerate(outs)]
+        finally:
+            with self._flight:
+                self.in_flight -= 1
+                self._flight.notify_all()
         return 200, {"id": "cmpl-fake", "object": "text_completion", "model": model, "choices": choices}
 
-    def choice(self, index: int, out, prompt: list[int], body: dict, model) -> dict:
-        ids, lps = list(out.token_ids), list(out.logprobs)
+    def sample(self, engine: HFEngine, prompt: list[int], params: SamplingParams, seed: int | None) -> list[tuple]:
+        """``(ids, logprobs, finish_reason)`` per choice, as the hf engine samples them (completion j seeded
+        ``seed + j``); a pause stops them at the next token with ``"abort"`` and what they sampled (a request
+        still waiting: nothing), as vLLM's scheduler finishes its requests FINISHED_ABORTED."""
+        gens = None if seed is None else [torch.Generator().manual_seed(seed + j) for j in range(params.n)]
+        with engine._lock:
+            if self.paused:
+                self.aborted += params.n
+                return [([], [], "abort")] * params.n
+            engine.model.eval()
+            outs, cut = engine._generate_batch([prompt] * params.n, params, gens, interruptible=True)
+        self.aborted += len(cut)
+        return [(list(c.token_ids), list(c.logprobs), "abort" if j in cut else c.finish_reason)
+                for j, c in enumerate(outs)]
+
+    def pause(self, query: str):
+        """``POST /pause?mode=abort|wait|keep``: abort stops running requests and returns once they have answered;
+        wait returns once they finished; both refuse new ones until ``/resume``. keep (requests frozen in the
+        queue, run on after /resume with their KV) is not modelled: ctu does not use it."""
+        mode = parse_qs(query).get("mode", ["abort"])[0]
+        if mode not in ("abort", "wait"):
+            return error(500, f"the fake server models pause modes abort and wait, not {mode}", "InternalServerError")
+        self.events.append(f"pause {mode}")
+        with self._flight:
+            self.paused = True
+            stopping = list(self.engines.values()) + [e for _, e in self.aliases.values()] if mode == "abort" else []
+            for engine in stopping:  # the hf engine's decode loop stops at its next token (interruptible)
+                engine._pending_loads += 1
+            self._flight.wait_for(lambda: self.in_flight == 0)
+            for engine in stopping:
+                engine._pending_loads -= 1
+        return 200, {"status": "paused"}
+
+    def sleep(self, query: str):
+        """``POST /sleep?level=1`` (vllm/entrypoints/serve/dev/sleep/api_router.py, vllm/v1/engine/core.py): the
+        scheduler paused (requests queue, none refused), level 1 offloads the weights to host RAM and drops the KV
+        cache, level 2 drops both; the tags ``weights`` and ``kv_cache`` sleep."""
+        level = int(parse_qs(query).get("level", ["1"])[0])
+        self.events.append(f"sleep {level}")
+        with self._flight:
+            self._flight.wait_for(lambda: self.in_flight == 0)  # ctu sleeps only between rollouts
+            self.sleeping = {"weights", "kv_cache"}
+        return 200, {"status": "sleeping", "level": level}
+
+    def wake(self, query: str):
+        """``POST /wake_up[?tags=T...]``: wakes those tags (all without any); scheduling resumes once all are awake."""
+        tags = parse_qs(query).get("tags") or None
+        self.events.append("wake " + (" ".join(tags) if tags else "all"))
+        with self._flight:
+            self.sleeping -= set(tags) if tags else self.sleeping
+            self._flight.notify_all()
+            return 200, {"status": "sleeping" if self.sleeping else "awake", "tags": tags}
+
+    def resume(self):
+        self.events.append("resume")
+        with self._flight:
+            self.paused = False
+        return 200, {"status": "resumed"}
+
+    def choice(self, index: int, out: tuple, prompt: list[int], body: dict, model) -> dict:
+        ids, lps, finish_reason = out
         self.returned.append(ids)
         if self.logprobs_mode == "raw_logprobs" and ids:
             lps = self.score(model, prompt + ids)[-len(ids):]
         tokens = [f"token_id:{t}" if body.get("return_tokens_as_token_ids") else self.tokenizer.decode([t]) for t in ids]
-        choice = {"index": index, "text": self.tokenizer.decode(ids), "finish_reason": out.finish_reason,
+        choice = {"index": index, "text": self.tokenizer.decode(ids), "finish_reason": finish_reason,
                   "logprobs": {"tokens": tokens, "token_logprobs": lps, "top_logprobs": None, "text_offset": []}
                   if body.get("logprobs") is not None else None}
         if body.get("return_token_ids"):

@@ -1,6 +1,7 @@
 """engine.kind=served against a real vLLM OpenAI server on CPU (`nox -s vllm_cpu`): 3 LoRA adapter versions
-hot-loaded into the running server with the parity probe and the version stamp after each, and 2 steps of
-`ctu train` with a server that ctu launches, health-checks and stops itself."""
+hot-loaded into the running server with the parity probe and the version stamp after each, an adapter load midway
+through a long completion (trainer.inflight=continue: /pause, /resume, the rest sampled by the new adapter), and
+2 steps of `ctu train` with a server that ctu launches, health-checks and stops itself."""
 
 import os
 import time
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from ctu.app.trainer import Trainer
+from ctu.engines.base import SamplingParams
 from ctu.engines.parity import check_parity, check_versions, probe_parity
 from ctu.engines.served import ServedEngine
 from ctu.engines.served_launch import LaunchedServer, free_port, server_command, server_env
@@ -70,6 +72,79 @@ def test_three_adapter_versions_hot_loaded_into_a_real_server(server, tiny_llama
     assert max(diffs) < 1e-3, diffs
 
 
+def test_an_adapter_load_midway_through_a_long_completion_continues_it_on_a_real_server(server, tiny_llama, tmp_path):
+    """trainer.inflight=continue: the load pauses the server (POST /pause?mode=abort), whose running request answers
+    with its tokens so far and finish_reason "abort"; after /resume ctu sends prompt + those tokens to the new adapter
+    with what is left of max_tokens. Each token's version and logprob are those of the weights that sampled it.
+    Before the merged test, which changes the server's base."""
+    import contextlib
+    import threading
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32),
+                            LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)).eval()
+    engine = ServedEngine(server.url + "/v1", "tiny-llama", weights_dir=str(tmp_path / "w"), keep=2, lora_alpha=16,
+                          inflight="continue")
+    engine.connect("adapter", lora=True)
+    for leftover in engine.listed_versions():  # an earlier test's adapters: this one starts from the base
+        engine.loaded.append(f"ctu-v{leftover}")
+        engine.unload(f"ctu-v{leftover}")
+    prompt = [1, 520, 33, 88, 2, 198, 1, 520]
+    params = SamplingParams(temperature=1.0, max_tokens=2000, seed=3)
+
+    def timed() -> float:  # seconds one request of ``params`` takes now
+        started = time.monotonic()
+        out["c"] = engine.generate_sync([prompt], params)[0][0]
+        return time.monotonic() - started
+
+    out: dict = {}
+    durations: list[float] = []
+    took = min(timed(), timed())  # the server's first requests are slower
+    print(f"{len(out['c'].token_ids)} tokens in {took:.2f}s without a load")
+    for version in (1, 2, 3, 4, 5):  # the load a third of the way in; sooner if the request had finished first
+        thread = threading.Thread(target=lambda: durations.append(timed()))
+        thread.start()
+        time.sleep(took / 3)
+        g = torch.Generator().manual_seed(10 + version)
+        with torch.no_grad():
+            for name, p in policy.named_parameters():
+                if ".lora_" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        engine.update_adapter(adapter_named_tensors(policy), version)
+        thread.join(300)
+        if engine.interrupted_rows:
+            break
+        took = min(took, durations[-1])
+    else:
+        raise AssertionError("every request finished before its load")
+    previous = version - 1
+    c = out["c"]
+    versions = c.versions()
+    assert engine.interrupted_rows == 1 and version in versions and versions[0] == previous, versions[:4]
+    switch = versions.index(version)
+    assert versions == [previous] * switch + [version] * (len(versions) - switch) and c.version == previous
+    ids = torch.tensor([prompt + list(c.token_ids)])
+    attn = torch.ones_like(ids)
+    with torch.no_grad():
+        after = token_logprobs(policy, ids, attn, 1.0)[0][0, len(prompt) - 1:]
+        if previous:  # the adapter that sampled the first tokens
+            g = torch.Generator().manual_seed(10 + previous)
+            for name, p in policy.named_parameters():
+                if ".lora_" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        with policy.disable_adapter() if not previous else contextlib.nullcontext():
+            before = token_logprobs(policy, ids, attn, 1.0)[0][0, len(prompt) - 1:]
+    got = torch.tensor(c.logprobs)
+    print(f"{len(versions)} tokens, the load of version {version} at token {switch}; "
+          f"max |diff| old {(got[:switch] - before[:switch]).abs().max():.2e}, "
+          f"new {(got[switch:] - after[switch:]).abs().max():.2e}")
+    torch.testing.assert_close(got[:switch], before[:switch], rtol=0, atol=1e-3)
+    torch.testing.assert_close(got[switch:], after[switch:], rtol=0, atol=1e-3)
+    engine.close()
+
+
 def test_merged_weights_reload_into_a_real_server_through_the_dev_routes(server, tiny_llama, tmp_path):
     """After the adapter test on the same server: the base reloaded from safetensors on disk, stamped, probed."""
     from transformers import AutoModelForCausalLM
@@ -91,6 +166,7 @@ def test_merged_weights_reload_into_a_real_server_through_the_dev_routes(server,
         check_parity(diff, 1e-2)
         check_versions([engine.weights_version], version)
     engine.close()
+
 
 
 def test_two_steps_of_ctu_train_with_a_launched_server(tmp_path, tiny_llama, monkeypatch):

@@ -155,15 +155,31 @@ def test_async_hf_counts_the_producers_model_copy_in_every_phase():
 
 
 def test_a_launched_served_engine_counts_its_fraction_in_every_phase_and_an_attached_one_nowhere():
-    """engine.launch=true starts vLLM on the trainer's GPU with engine.gpu_memory_utilization and it never sleeps:
-    its fraction counts while training too (a colocated in-process vLLM's counts only while rolling out). An
-    attached server (engine.base_url) is elsewhere."""
+    """engine.launch=true with engine.colocated=false starts vLLM on the trainer's GPU with
+    engine.gpu_memory_utilization and it never sleeps: its fraction counts while training too (a colocated
+    in-process vLLM's counts only while rolling out). An attached server (engine.base_url) is elsewhere."""
     colocated = plan(_cfg(SEVEN_B), 8, 80.0)
-    launched = plan(_cfg(SEVEN_B, "engine.kind=served", "engine.launch=true"), 8, 80.0)
+    launched = plan(_cfg(SEVEN_B, "engine.kind=served", "engine.launch=true", "engine.colocated=false"), 8, 80.0)
     attached = plan(_cfg(SEVEN_B, "engine.kind=served", "engine.base_url=http://127.0.0.1:8000/v1"), 8, 80.0)
     fraction = int(0.4 * 80 * 2**30)
     assert launched.train_total - colocated.train_total == pytest.approx(fraction - 2**30, rel=0.1)
-    assert any("engine.launch=true" in note for note in launched.notes) and launched.host_pinned == 0
+    assert any("stays awake through updates" in note for note in launched.notes) and launched.host_pinned == 0
     assert "vLLM KV cache" not in attached.parts and attached.train_total < launched.train_total
     small = plan(_cfg(SEVEN_B, "engine.kind=served", "engine.launch=true", "engine.gpu_memory_utilization=0.2"), 8, 80.0)
     assert not small.fits and "vLLM KV cache" in small.problems[0]
+
+
+def test_a_launched_colocated_served_engine_sleeps_through_updates_on_cuda_and_not_on_cpu():
+    """engine.launch=true beside the trainer (engine.colocated, the default) on CUDA: the server sleeps at level 1
+    (--enable-sleep-mode; POST /sleep?level=1), so its fraction counts in the rollout phase only, as a colocated
+    in-process vLLM's does; its bf16 weights are pinned in host RAM meanwhile (level 1 keeps them). vLLM's CPU
+    platform has no sleep mode: the plan says the server stays awake there."""
+    in_process = plan(_cfg(SEVEN_B), 8, 80.0)
+    launched = plan(_cfg(SEVEN_B, "engine.kind=served", "engine.launch=true"), 8, 80.0)
+    awake = plan(_cfg(SEVEN_B, "engine.kind=served", "engine.launch=true", "engine.colocated=false"), 8, 80.0)
+    assert launched.train_total == in_process.train_total < awake.train_total
+    assert launched.rollout_total == awake.rollout_total
+    assert launched.host_pinned == 2 * launched.parameters and in_process.host_pinned == 0  # level 1 vs level 2
+    assert any("sleeps at level 1 during updates" in note for note in launched.notes)
+    on_cpu = plan(_cfg(SEVEN_B, "engine.kind=served", "engine.launch=true"), 1, 80.0, device="cpu")
+    assert any("no sleep mode" in note and "stays awake" in note for note in on_cpu.notes)

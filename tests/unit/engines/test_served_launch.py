@@ -66,3 +66,34 @@ def test_a_launched_server_on_cuda_takes_the_configs_memory_fraction_not_vllms_d
         cmd = seen["command"]
         flag = cmd[cmd.index("--gpu-memory-utilization"):][:2] if "--gpu-memory-utilization" in cmd else None
         assert flag == want
+
+
+def test_a_launched_colocated_server_on_cuda_can_sleep_and_one_on_cpu_cannot(monkeypatch, tmp_path):
+    """vLLM sleeps only where its platform has a sleep mode (vllm/platforms/interface.py is_sleep_mode_available:
+    CUDA, ROCm, XPU; not CPU): a server ctu launches on CUDA beside the trainer (engine.colocated) gets
+    --enable-sleep-mode; on CPU, or with engine.colocated=false, it does not, and the engine never sleeps."""
+    import torch
+
+    from ctu.config.schema import load_config
+    from ctu.engines import served_setup
+
+    seen = {}
+
+    class Stub:
+        url = "http://127.0.0.1:1"
+
+        def __init__(self, command, env, log_path, port):
+            seen["command"], seen["env"] = command, env
+
+        def wait_healthy(self, timeout_s):
+            pass
+
+    monkeypatch.setattr(served_setup, "LaunchedServer", Stub)
+    monkeypatch.setattr("ctu.engines.models.resolve_model", lambda path: "/m")
+    for cuda, colocated, want in ((True, True, True), (False, True, False), (True, False, False)):
+        config = load_config(None, ["engine.kind=served", "engine.launch=true", f"engine.colocated={colocated}",
+                                    f"run.dir={tmp_path}"])
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        assert served_setup.server_sleeps(config) == want
+        served_setup.launch_server(config, keep=2)
+        assert ("--enable-sleep-mode" in seen["command"]) == want and seen["env"]["VLLM_SERVER_DEV_MODE"] == "1"
