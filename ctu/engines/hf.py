@@ -24,6 +24,7 @@ from ctu.engines import kv_reuse as kvr
 from ctu.engines.base import Completion, Engine, SamplingParams
 from ctu.engines.hf_api import cache_of, with_cache
 from ctu.engines.host_memory import trim_heap
+from ctu.engines.kv_buffer import BufferedLayer, preallocate
 from ctu.engines.precision import compute_context
 from ctu.engines.shared_prefix import prefill
 
@@ -44,7 +45,7 @@ def _eos_ids(model, tokenizer) -> set[int]:
 def _plain_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """Per-layer (keys, values) of a cache made only of plain dynamic layers (None otherwise)."""
     layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer) is not DynamicLayer or layer.keys is None for layer in layers):
+    if not layers or any(type(layer) not in (DynamicLayer, BufferedLayer) or layer.keys is None for layer in layers):
         return None
     return [(layer.keys, layer.values) for layer in layers]
 
@@ -250,6 +251,7 @@ class HFEngine(Engine):
             if budget <= 0:
                 reason[row] = "length"
         longest = max(budgets, default=0)
+        preallocate(past, longest)  # room for every step's KV: written in place, never grown by torch.cat
         for _ in range(longest):
             if all(r is not None for r in reason):
                 break
