@@ -136,6 +136,8 @@ class Trainer:
 
             shared = engine_model(self.group, config) if config.engine.kind == "hf" else None
             self.engine = build.build_engine(config, model=shared, tokenizer=self.group.tokenizer)
+            if getattr(self.engine, "decode_copy", None) is not None:  # engine.decode_dtype: bf16 rollouts, said
+                print(self.engine.decode_note)  # type: ignore[attr-defined]  # an HFEngine's
             if config.agent.command:  # bring your own agent (docs/agents.md): its program plays each episode
                 from ctu.app.agent_pool import AgentPool
 

@@ -94,11 +94,11 @@ def cgroup_quota(root: Path = CGROUP_ROOT) -> float | None:
             continue
         return None if limit == "max" else int(limit) / int(period)
     try:
-        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        v1_quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        v1_period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError):
         return None
-    return None if quota <= 0 else quota / period
+    return None if v1_quota <= 0 else v1_quota / v1_period
 
 
 _applied: Choice | None = None

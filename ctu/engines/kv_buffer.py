@@ -36,6 +36,7 @@ class BufferedLayer(DynamicLayer):
     def _allocate(self, room: int) -> None:
         """Copy the current keys and values into new buffers of ``room`` positions."""
         keys, values = self.keys, self.values
+        assert keys is not None and values is not None
         length = keys.shape[-2]
         self.capacity = max(room, length)
         self._key_buffer = keys.new_empty((*keys.shape[:-2], self.capacity, keys.shape[-1]))
@@ -65,6 +66,6 @@ def preallocate(cache, more: int) -> None:
     for layer in getattr(cache, "layers", None) or ():
         if type(layer) is DynamicLayer and layer.keys is not None and layer.keys.numel():
             layer.__class__ = BufferedLayer
-            layer._allocate(layer.keys.shape[-2] + more)
+            layer._allocate(layer.keys.shape[-2] + more)  # type: ignore[attr-defined]  # a BufferedLayer now
         elif type(layer) is BufferedLayer and layer.keys is not None:
             layer._allocate(max(layer.capacity, layer.keys.shape[-2] + more))
