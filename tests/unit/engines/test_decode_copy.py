@@ -89,3 +89,15 @@ def test_the_engine_samples_what_a_bf16_model_of_the_merged_weights_samples(samp
     assert generate(engine, **sampling) == generate(reference, **sampling)
     assert engine.decode_copy.refreshes == 1
 
+
+
+def test_the_parity_probe_expects_bf16_logprobs_from_a_bf16_decode(monkeypatch):
+    from ctu.config.schema import load_config
+    from ctu.train.sync import parity_dtypes
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CTU_NATIVE_BF16", "1")
+    assert parity_dtypes(load_config("configs/quickstart.yaml")) == ("float32", "bfloat16")
+    assert parity_dtypes(load_config("configs/quickstart.yaml", ["engine.decode_dtype=float32"])) == ("float32",) * 2
+    monkeypatch.setenv("CTU_NATIVE_BF16", "0")
+    assert parity_dtypes(load_config("configs/quickstart.yaml")) == ("float32", "float32")
