@@ -55,7 +55,7 @@ class DecodeCopy:
                 made = copy.deepcopy(source)
                 if hasattr(made, "merge_and_unload"):  # peft: adapters merged into the fp32 base, then one cast
                     made = made.merge_and_unload()  # type: ignore[operator]
-                made.to(self.dtype).eval().requires_grad_(False)
+                cast_parameters(made, self.dtype)
             self.model, self.version = made, version
             self.builds += 1
         elif self.version != version:  # the weights changed: merged again into the copy, a tensor at a time
@@ -66,6 +66,13 @@ class DecodeCopy:
 
     def drop(self) -> None:
         self.model, self.version = None, None
+
+
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Parameters to ``dtype``, buffers as they are (rotary frequencies stay fp32, as a bf16 checkpoint loads them)."""
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
+    model.eval().requires_grad_(False)
 
 
 def _plain_name(name: str) -> str | None:
