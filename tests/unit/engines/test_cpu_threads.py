@@ -92,3 +92,20 @@ def test_the_cli_sets_the_waits_before_torch_is_imported(user, tmp_path):
     expected = {"GOMP_SPINCOUNT": str(SPIN_COUNT), "OMP_WAIT_POLICY": None} if not user else {
         "GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": "PASSIVE"}
     assert seen["torch"] == expected
+
+
+def test_refresh_follows_the_cpus_this_process_may_use(monkeypatch):
+    import torch
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(cpu_threads, "cgroup_quota", lambda: None)
+    monkeypatch.setattr(cpu_threads, "_applied", choose(2, None, {}))
+    try:
+        monkeypatch.setattr(cpu_threads, "affinity_cpus", lambda: 1)  # e.g. taskset moved it to one CPU
+        assert cpu_threads.refresh() == 1 and torch.get_num_threads() == 1
+        assert cpu_threads.refresh() is None  # unchanged: nothing to do
+        monkeypatch.setattr(cpu_threads, "_applied", choose(2, None, {"OMP_NUM_THREADS": "2"}))
+        monkeypatch.setattr(cpu_threads, "affinity_cpus", lambda: 2)
+        assert cpu_threads.refresh() is None and torch.get_num_threads() == 1  # the user's count is never changed
+    finally:
+        torch.set_num_threads(before)
