@@ -97,9 +97,9 @@ def main() -> None:
         for condition in args.conditions:
             for policy in args.policies:
                 best: dict[str, float] | None = None
-                for r in range(args.repeats):
+                for _ in range(args.repeats):
                     with beside(condition, args.small):
-                        got = one_run(policy, args, Path(tmp) / f"{condition}-{policy}-{r}")
+                        got = one_run(policy, args, Path(tempfile.mkdtemp(dir=tmp, prefix=f"{condition}-")))
                     best = got if best is None or got["total"] < best["total"] else best
                 results[(condition, policy)] = best  # type: ignore[assignment]
                 print(f"  {condition:<7} policy {policy:<3}: " + ", ".join(
