@@ -6,8 +6,10 @@
    head, plus the KV cache) and FLOPs (2 per weight per row, plus attention over the context); the step takes at
    least max(bytes / bandwidth, FLOPs / matmul rate);
 3. measured decode tokens/s of ``HFEngine.generate_sync`` (end-of-sequence ignored, so every row decodes
-   ``--new-tokens``; the prefill is timed apart and subtracted) in fp32, fp32 under bf16 autocast, and bf16 weights,
-   on the plain model and on the LoRA-wrapped one ``ctu train`` decodes with (peft, adapters not merged);
+   ``--new-tokens``; the prefill is timed apart and subtracted) in fp32 with the KV cache grown by ``torch.cat`` (as
+   before its buffers: ``fp32-cat``) and in buffers, on the LoRA-wrapped model ``ctu train`` decodes with (peft,
+   adapters not merged), with the engine's bf16 decode copy of it (``engine.decode_dtype=bfloat16``), with bf16
+   weights, and under bf16 autocast; each against the roofline of its dtype;
 4. torch.profiler's top operators over a few decode steps.
 
     python benchmarks/decode_roofline.py [--model smollm2-135m] [--batch 16] [--prompt-tokens 400] [--new-tokens 32]
@@ -22,11 +24,15 @@ import os
 import time
 from contextlib import nullcontext
 
-import torch
+from ctu.engines import cpu_threads
 
-from ctu.engines.base import SamplingParams
-from ctu.engines.hf import HFEngine
-from ctu.engines.models import load_model, load_tokenizer
+CHOICE = cpu_threads.apply()  # threads and OpenMP waits as ``ctu`` sets them: before torch loads
+
+import torch  # noqa: E402
+
+from ctu.engines.base import SamplingParams  # noqa: E402
+from ctu.engines.hf import HFEngine  # noqa: E402
+from ctu.engines.models import load_model, load_tokenizer  # noqa: E402
 
 
 def best_seconds(fn, repeats: int = 5) -> float:
@@ -102,7 +108,8 @@ def mini_prompts(tokenizer, batch: int) -> list[list[int]]:
 
 def engine_decode(model, tokenizer, prompts, new_tokens: int, autocast: bool) -> dict[str, float]:
     """Decode tokens/s of HFEngine.generate_sync (quickstart sampling: temperature 0.9, top-p 0.95, seeded)."""
-    engine = HFEngine(model, tokenizer, max_batch_size=len(prompts))
+    engine = HFEngine(model, tokenizer, max_batch_size=len(prompts),
+                      decode_dtype="bfloat16" if autocast == "copy" else "float32")
     engine.eos_ids = set()  # every row decodes new_tokens: a fixed amount of work
 
     def run(n: int) -> list:
@@ -115,18 +122,31 @@ def engine_decode(model, tokenizer, prompts, new_tokens: int, autocast: bool) ->
             import ctu.engines.hf as hf
 
             ctx = mock.patch.object(hf, "nucleus", functools.partial(hf.nucleus, first=10 ** 9))
+        elif autocast == "cat":  # the KV cache grown by torch.cat every step, as before its buffers
+            from unittest import mock
+
+            import ctu.engines.hf as hf
+
+            ctx = mock.patch.object(hf, "preallocate", lambda cache, more: None)
+        elif autocast == "copy":
+            ctx = nullcontext()
         else:
             ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else nullcontext()
         with ctx:
             return engine.generate_sync(prompts, params)
 
-    prefill = best_seconds(lambda: run(1), repeats=1)
-    started = time.perf_counter()
+    run(1)  # warm-up (and the decode copy made)
+    cpu_started, started = time.process_time(), time.perf_counter()
+    run(1)
+    prefill, prefill_cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    cpu_started, started = time.process_time(), time.perf_counter()
     out = run(new_tokens)
-    total = time.perf_counter() - started
+    total, total_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     decode = max(1e-9, total - prefill)
     steps = new_tokens - 1
+    # CPU seconds (all threads) per step: what a busy machine inflates less than the wall clock
     return {"prefill_s": prefill, "decode_s": decode, "step_ms": 1e3 * decode / steps,
+            "cpu_ms": 1e3 * max(0.0, total_cpu - prefill_cpu) / steps,
             "tokens_per_s": len(prompts) * steps / decode, "tokens": [c[0].token_ids for c in out]}
 
 
@@ -165,13 +185,15 @@ def main() -> None:
                          "of --prompt-tokens tokens")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: torch's); 1 on a crowded machine, where threads wait on each other")
-    ap.add_argument("--variants", nargs="+", default=["fp32", "fullsort", "autocast", "bf16", "lora"],
-                    help="engine measurements to run: fp32 fullsort (top-p by sorting every row, as before) "
-                         "autocast bf16 lora")
+    ap.add_argument("--variants", nargs="+", default=["fp32-cat", "fp32", "lora", "lora-bf16copy", "bf16"],
+                    help="engine measurements to run: fp32-cat (KV grown by torch.cat) fp32 fullsort (top-p by sorting "
+                         "every row) autocast bf16 (bf16 weights) lora (fp32, LoRA unmerged) lora-bf16copy (the same "
+                         "with engine.decode_dtype=bfloat16)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    print(CHOICE.message)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (a busy machine measures low)")
     bw = bandwidth_gbs()
@@ -204,15 +226,22 @@ def main() -> None:
     makers = {"fp32": lambda: ("fp32", model, False), "autocast": lambda: ("fp32 + bf16 autocast", model, True),
               "bf16": lambda: ("bf16 weights", copy.deepcopy(model).to(torch.bfloat16), False),
               "lora": lambda: ("fp32 LoRA (as ctu train)", lora_wrapped(model), False),
-              "fullsort": lambda: ("fp32, full-sort top-p", model, "fullsort")}
+              "fullsort": lambda: ("fp32, full-sort top-p", model, "fullsort"),
+              "fp32-cat": lambda: ("fp32, KV by torch.cat", model, "cat"),
+              "lora-bf16copy": lambda: ("LoRA, bf16 decode copy", lora_wrapped(model), "copy")}
     variants = [makers[v]() for v in args.variants]
     print(f"\nHFEngine decode, batch {args.batch}, {args.new_tokens} new tokens (temperature 0.9, top-p 0.95)")
-    print(f"{'variant':<26} {'prefill s':>9} {'ms/step':>8} {'tokens/s':>9} {'of roofline':>11}")
+    print(f"{'variant':<26} {'prefill s':>9} {'ms/step':>8} {'CPU ms/step':>11} {'tokens/s':>9} {'of roofline':>11}")
+    tokens = {}
     for name, m, autocast in variants:
         r = engine_decode(m, tokenizer, prompts, args.new_tokens, autocast)
+        tokens[name] = r["tokens"]
         ideal = bound_tps[(args.batch, "bfloat16" if "bf16" in name else "float32")]
-        print(f"{name:<26} {r['prefill_s']:>9.2f} {r['step_ms']:>8.1f} {r['tokens_per_s']:>9.0f} "
+        print(f"{name:<26} {r['prefill_s']:>9.2f} {r['step_ms']:>8.1f} {r['cpu_ms']:>11.1f} {r['tokens_per_s']:>9.0f} "
               f"{r['tokens_per_s'] / ideal:>10.0%}")
+    if "fp32, KV by torch.cat" in tokens and "fp32" in tokens:
+        same = tokens["fp32, KV by torch.cat"] == tokens["fp32"]
+        print(f"fp32 with buffers samples the same tokens as with torch.cat: {same}")
     if not args.no_profile:
         print(f"\ntop operators over 6 decode steps (fp32, batch {args.batch}; the first row also includes prefill):")
         print(profile_decode(model, tokenizer, prompts))

@@ -36,6 +36,7 @@ from ctu.config.schema import Config, ConfigError, save_config, to_dict, trainin
 from ctu.distributed.group import LocalTrainer, TrainerGroup, sft_batches
 from ctu.distributed.pool import RolloutPool
 from ctu.distributed.ray_setup import preflight
+from ctu.engines import cpu_threads
 from ctu.engines.host_memory import release_memory
 from ctu.observe.metrics import distribution, mean, peak_rss_gib
 from ctu.observe.tracking import Tracker, eval_phase, record_eval
@@ -112,6 +113,8 @@ class Trainer:
             demo_tasks(self.domains, config.trainer.sft_exclude)
         self.group = build_trainer_group(config)
         print(self.group.precision_note)
+        if threads := cpu_threads.note():  # how many threads, and how OpenMP's wait: said once
+            print(threads)
         if note := replay_note(config.trainer):  # trainer.sft_replay: demos in every RL update, said once
             print(note)
         self.group.release_memory()  # what building the policy cached, before an engine starts beside it
@@ -133,6 +136,8 @@ class Trainer:
 
             shared = engine_model(self.group, config) if config.engine.kind == "hf" else None
             self.engine = build.build_engine(config, model=shared, tokenizer=self.group.tokenizer)
+            if getattr(self.engine, "decode_copy", None) is not None:  # engine.decode_dtype: bf16 rollouts, said
+                print(self.engine.decode_note)  # type: ignore[attr-defined]  # an HFEngine's
             if config.agent.command:  # bring your own agent (docs/agents.md): its program plays each episode
                 from ctu.distributed.agent_pool import AgentPool
 
@@ -383,7 +388,7 @@ class Trainer:
                 sft = self.warm_start()
                 if sft is not None:
                     summary["sft"] = {"steps": t.sft_steps, "loss": sft, "seconds": time.perf_counter() - started}
-                    print(f"supervised warm start: {t.sft_steps} steps in {summary['sft']['seconds']:.0f}s, "
+                    print(f"supervised warm start: {t.sft_steps} steps in {summary['sft']['seconds']:.1f}s, "
                           f"final loss {sft:.3f}, peak RSS so far {peak_rss_gib():.2f} GiB")
                     if t.eval_before_train:
                         self._safe_point("after the warm start, before its evaluation")
@@ -391,6 +396,7 @@ class Trainer:
             with tqdm(total=t.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True) as bar:
                 while self.step < t.max_steps:
                     self._safe_point(f"before step {self.step + 1}")
+                    cpu_threads.refresh()  # the CPUs this process may use, read again
                     self.step += 1
                     out = self.train_step()
                     metrics, failed = out["metrics"], None

@@ -22,8 +22,10 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from ctu.engines import kv_reuse as kvr
 from ctu.engines.base import Completion, Engine, SamplingParams
+from ctu.engines.decode_copy import DecodeCopy, resolve_decode_dtype
 from ctu.engines.hf_api import cache_of, with_cache
 from ctu.engines.host_memory import trim_heap
+from ctu.engines.kv_buffer import BufferedLayer, preallocate
 from ctu.engines.precision import compute_context
 from ctu.engines.shared_prefix import prefill
 
@@ -44,7 +46,7 @@ def _eos_ids(model, tokenizer) -> set[int]:
 def _plain_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """Per-layer (keys, values) of a cache made only of plain dynamic layers (None otherwise)."""
     layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer) is not DynamicLayer or layer.keys is None for layer in layers):
+    if not layers or any(type(layer) not in (DynamicLayer, BufferedLayer) or layer.keys is None for layer in layers):
         return None
     return [(layer.keys, layer.values) for layer in layers]
 
@@ -113,7 +115,8 @@ class HFEngine(Engine):
     """Generation with a Hugging Face causal LM in this process (CPU or CUDA)."""
 
     def __init__(self, model_or_name, tokenizer=None, device: str | None = None, dtype=None, max_batch_size: int = 64,
-                 kv_reuse: bool = True, kv_cache_tokens: int = 32768, inflight: str = "finish"):
+                 kv_reuse: bool = True, kv_cache_tokens: int = 32768, inflight: str = "finish",
+                 decode_dtype: str = "float32"):
         if isinstance(model_or_name, str):
             from ctu.engines.models import load_model, load_tokenizer
 
@@ -123,6 +126,9 @@ class HFEngine(Engine):
             self.model = model_or_name
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        copy_dtype, self.decode_note = resolve_decode_dtype(decode_dtype, self.device.type)
+        self.decode_copy = DecodeCopy(copy_dtype) if copy_dtype is not None else None  # engine.decode_dtype
+        self._net = self.model  # what a call's forwards run: the model, or its decode copy
         self.eos_ids = _eos_ids(self.model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         self.pad_id = int(pad if pad is not None else next(iter(self.eos_ids), 0))
@@ -188,7 +194,10 @@ class HFEngine(Engine):
             self.model.eval()
             try:
                 self._tidy_cache()
-                with compute_context(self.model):  # the trainer's compute dtype when the policy's model is shared
+                self._net = self.model  # an outdated decode copy is dropped before the new one is made
+                if self.decode_copy is not None:
+                    self._net = self.decode_copy.get(self.model, self._weights_version())
+                with compute_context(self._net):  # the trainer's compute dtype when the policy's model is shared
                     for start in range(0, len(pending), self.max_batch_size):
                         if interruptible and self._pending_loads:
                             return pending[start:]
@@ -235,11 +244,11 @@ class HFEngine(Engine):
             batch = kvr.plan(self.kv_store, prompts, self._prefix_kv)
             ids, mask, positions, cache = kvr.assemble(batch, self.pad_id, self.device,
                                                        lambda layers: DynamicCache(ddp_cache_data=layers))
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache(cache),
+            out = self._net(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache(cache),
                              use_cache=True, logits_to_keep=1)
             logits, past, positions = out.logits[:, -1, :], cache_of(out), positions[:, -1:]
         else:
-            logits, past, mask, positions = prefill(self.model, prompts, self.pad_id)
+            logits, past, mask, positions = prefill(self._net, prompts, self.pad_id)
         device = mask.device
         live = list(range(len(prompts)))  # the prompt row of each batch row
         # Finished rows leave the batch (their KV kept first) when no shared generator's draws depend on the
@@ -250,6 +259,7 @@ class HFEngine(Engine):
             if budget <= 0:
                 reason[row] = "length"
         longest = max(budgets, default=0)
+        preallocate(past, longest)  # room for every step's KV: written in place, never grown by torch.cat
         for _ in range(longest):
             if all(r is not None for r in reason):
                 break
@@ -288,7 +298,7 @@ class HFEngine(Engine):
             positions = positions[:, -1:] + 1
             for row, tok in zip(live, tokens.tolist(), strict=True):
                 fed[row].append(tok)
-            outputs = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
+            outputs = self._net(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
                                  **with_cache(past), use_cache=True)
             past = cache_of(outputs)
             logits = outputs.logits[:, -1, :]
@@ -302,7 +312,7 @@ class HFEngine(Engine):
     def _prefix_kv(self, ids: tuple[int, ...]) -> kvr.Prefix | None:
         """The KV of a shared prefix (batch 1), or None when the model's cache cannot be reused (sliding windows)."""
         prefix = torch.tensor([list(ids)], device=self.device)
-        out = self.model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, logits_to_keep=1)
+        out = self._net(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, logits_to_keep=1)
         layers = _plain_layers(cache_of(out))
         return None if layers is None else kvr.Prefix(tuple(ids), layers)
 

@@ -59,7 +59,7 @@ def build_engine(config: Config, model: Any = None, tokenizer: Any = None) -> En
         return make_engine("hf", model_or_name=model if model is not None else config.model.path,
                            tokenizer=tokenizer, max_batch_size=config.engine.max_batch_size,
                            kv_reuse=config.engine.kv_reuse, kv_cache_tokens=config.engine.kv_cache_tokens,
-                           inflight=config.trainer.inflight)
+                           inflight=config.trainer.inflight, decode_dtype=config.engine.decode_dtype)
     if kind == "remote":
         return make_engine("remote", base_url=config.engine.base_url, model=config.model.path,
                            api_key_env=config.engine.api_key_env, timeout=config.engine.timeout,

@@ -1,0 +1,149 @@
+"""How many threads the CPU tier computes with, and how its OpenMP threads wait: chosen so that a run on a shared
+machine slows in proportion to the CPU it loses.
+
+torch's CPU build parallelizes with GNU OpenMP (libgomp), whose threads spin between parallel regions for
+``GOMP_SPINCOUNT`` iterations (300,000 by default: ~10-15 ms of ``pause`` instructions) before sleeping. On a quiet
+machine the spinning saves a wake-up; beside another busy process the spinning threads take the cores the threads
+doing the work wait for, and a 2-core run beside one busy loop slowed 3-60x instead of the fair ~1.5-2x
+(``benchmarks/contention.py``). A short spin count keeps the quiet speed of spinning through the short gaps of a
+decode step and sleeps through the long ones. libgomp reads its settings once, when torch loads: ``ctu``'s
+entry point calls :func:`apply` before anything imports torch.
+
+The thread count is the CPUs this process may run on (its affinity mask) capped by its cgroup's CPU quota
+(``cpu.max``); :func:`refresh` re-reads both between phases of a run (a container resized, a ``taskset`` moved
+it). A setting the user made (``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``, ``KMP_BLOCKTIME``) is kept
+and named in the one line the run prints; ``CTU_CPU_THREADS=off`` leaves OpenMP and torch as they were.
+
+This module imports no torch at load (``apply`` runs before torch is imported).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# libgomp spin iterations before a waiting thread sleeps: ~50 µs of pause instructions (Sapphire Rapids, Zen 5);
+# the gaps inside a decode step are shorter, a busy neighbour's time slice far longer
+SPIN_COUNT = 1000
+# Intel OpenMP (libiomp, some torch builds): how long a waiting thread spins, in ms (its default is 200)
+BLOCK_TIME_MS = 1
+USER_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+OFF_VAR = "CTU_CPU_THREADS"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class Choice:
+    threads: int  # the intra-op thread count
+    env: dict[str, str] = field(default_factory=dict)  # variables to set before torch loads
+    message: str = ""  # the one line a run prints
+    set_threads: bool = True  # whether to set torch's thread count (False: the user's OMP_NUM_THREADS or off)
+
+
+def choose(affinity: int, quota: float | None, env: Mapping[str, str]) -> Choice:
+    """The threads and OpenMP waits for a process that may run on ``affinity`` CPUs under a cgroup quota of
+    ``quota`` CPUs (None: no quota), given the environment ``env``. Pure: nothing is read or set."""
+    affinity = max(1, affinity)
+    if env.get(OFF_VAR, "").strip().lower() in ("0", "off", "false", "no"):
+        return Choice(affinity, {}, f"threads: torch's default, OpenMP waits as they are ({OFF_VAR}=off)", False)
+    cap = affinity if quota is None else max(1, min(affinity, math.ceil(quota - 1e-9)))
+    where = f"affinity {affinity}, cgroup quota {'none' if quota is None else f'{quota:g} CPUs'}"
+    user_threads = env.get("OMP_NUM_THREADS", "").strip()
+    if user_threads:
+        first = user_threads.split(",")[0]
+        threads = int(first) if first.isdigit() and int(first) > 0 else cap
+        thread_part = f"threads: {user_threads} (OMP_NUM_THREADS kept from the environment; {where})"
+        set_threads = False
+    else:
+        threads = cap
+        thread_part = f"threads: {threads} ({where})"
+        set_threads = True
+    kept = [f"{name}={env[name]}" for name in USER_WAIT_VARS if env.get(name, "").strip()]
+    if kept:
+        wait_part = f"OpenMP waits: {', '.join(kept)} kept from the environment"
+        to_set: dict[str, str] = {}
+    else:
+        to_set = {"GOMP_SPINCOUNT": str(SPIN_COUNT), "KMP_BLOCKTIME": str(BLOCK_TIME_MS)}
+        wait_part = f"OpenMP waits: spin {SPIN_COUNT} then sleep (GOMP_SPINCOUNT={SPIN_COUNT}: a shared CPU is not spun on)"
+    return Choice(threads, to_set, f"{thread_part}, {wait_part}", set_threads)
+
+
+def affinity_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def cgroup_quota(root: Path = CGROUP_ROOT) -> float | None:
+    """This process's cgroup CPU quota in CPUs (cgroup v2 ``cpu.max``, or v1 ``cpu.cfs_quota_us``), None if none."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        lines = []
+    own = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), "/")
+    candidates = [root / own.lstrip("/") / "cpu.max", root / "cpu.max"]
+    for path in candidates:
+        try:
+            limit, period = path.read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        return None if limit == "max" else int(limit) / int(period)
+    try:
+        v1_quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        v1_period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if v1_quota <= 0 else v1_quota / v1_period
+
+
+_applied: Choice | None = None
+_late = False  # torch was loaded before apply: its OpenMP waits could not be set
+_announced = False
+
+
+def apply(environ: MutableMapping[str, str] | None = None) -> Choice:
+    """Choose and set the OpenMP variables (before torch loads, or they do nothing: the line :func:`note` gives then
+    says so) and, where torch is loaded, its thread count."""
+    global _applied, _late
+    environ = os.environ if environ is None else environ
+    choice = choose(affinity_cpus(), cgroup_quota(), environ)
+    _late = "torch" in sys.modules and bool(choice.env)
+    for name, value in choice.env.items():
+        environ.setdefault(name, value)
+    if choice.set_threads and "torch" in sys.modules:
+        import torch
+
+        torch.set_num_threads(choice.threads)
+    elif choice.set_threads and choice.threads != affinity_cpus():  # OpenMP counts the affinity, not the quota
+        environ.setdefault("OMP_NUM_THREADS", str(choice.threads))
+    _applied = choice
+    return choice
+
+
+def note() -> str | None:
+    """The choice, as one line, the first time it is asked for (None after, or when :func:`apply` never ran)."""
+    global _announced
+    if _applied is None or _announced:
+        return None
+    _announced = True
+    return _applied.message + (" (torch loaded first: its OpenMP waits are as they were)" if _late else "")
+
+
+def refresh() -> int | None:
+    """Between phases: re-read the affinity and quota and set torch's thread count when it should change (and the
+    user did not fix it). Returns the new count when it changed."""
+    if _applied is None or not _applied.set_threads:
+        return None
+    import torch
+
+    threads = choose(affinity_cpus(), cgroup_quota(), {}).threads
+    if threads == torch.get_num_threads():
+        return None
+    torch.set_num_threads(threads)
+    print(f"threads: {threads} now (the CPUs this process may use changed)", flush=True)
+    return threads
