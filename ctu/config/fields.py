@@ -37,8 +37,9 @@ class EngineConfig:
     kv_reuse: bool = True  # hf: keep each episode's KV cache across its turns (false: prefill every prompt whole)
     kv_cache_tokens: int = 32768  # hf: at most this many tokens' KV kept between calls (least recently used dropped)
     # hf on CPU: decode with a bf16 copy of fp32 weights (LoRA merged, remade after each update); auto: where the CPU
-    # computes bf16 natively (AVX512-BF16, AMX). Other precision, other sampled tokens (ctu.engines.decode_copy)
-    decode_dtype: Literal["float32", "bfloat16", "auto"] = "auto"
+    # computes bf16 natively (AVX512-BF16, AMX). Other precision, other sampled tokens (ctu.engines.decode_copy):
+    # float32 by default until the presets' results are measured with bf16 decoding on every seed
+    decode_dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     # served (docs/served.md): start `python -m vllm.entrypoints.openai.api_server` (else attach to base_url)
     launch: bool = False
     launch_python: str | None = None  # the python that has vLLM; null: this one
