@@ -26,9 +26,11 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# libgomp spin iterations before a waiting thread sleeps: ~50 µs of pause instructions (Sapphire Rapids, Zen 5);
-# the gaps inside a decode step are shorter, a busy neighbour's time slice far longer
-SPIN_COUNT = 1000
+# libgomp spin iterations before a waiting thread sleeps (its default: 300,000). Measured on a quiet 2-core Sapphire
+# Rapids, the quickstart's decode step (docs/cpu.md): 1,000 cost 30% alone (the gaps between a step's parallel
+# regions outlast it: every region pays a wake-up), 10,000 15%, 30,000 nothing; beside a busy loop they gave 1.8x,
+# 2.1x and 3.0x the quiet step against 9.6x with the default. Quiet speed comes first: 30,000.
+SPIN_COUNT = 30000
 # Intel OpenMP (libiomp, some torch builds): how long a waiting thread spins, in ms (its default is 200)
 BLOCK_TIME_MS = 1
 USER_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
