@@ -212,6 +212,7 @@ class RayPool(RolloutPool):
         self.config = config
         self.restart_timeout_s = restart_timeout_s
         self.workers = []
+        self.started = False
         self.dead: set[int] = set()  # workers that failed a chunk twice: given no more episodes
         # the newest weights in the object store, as one box: [(merged or base ref, version) or None, (adapter ref,
         # version) or None], and the newest version; set as one (the box is a list: Ray passes refs in it unresolved)
@@ -238,6 +239,7 @@ class RayPool(RolloutPool):
                 self.workers.append(remote.options(**options).remote(config, faults.get(k), k))
             wait_started(ray, [w.pid.remote() for w in self.workers],  # built (model loaded) before the first step
                          [f"rollout worker {k}" for k in range(num_workers)], start_timeout_s)
+            self.started = True  # close() asks them to stop what they started (never-started workers: only killed)
         except BaseException:
             self.close()
             raise
@@ -396,10 +398,12 @@ class RayPool(RolloutPool):
 
     def close(self) -> None:
         ray = import_ray()
-        try:  # what each worker started (an agent pool's proxy), then the workers
-            ray.get([w.close.options(concurrency_group=SYNC).remote() for w in self.workers], timeout=30)
-        except Exception:  # noqa: BLE001 - a dead or stuck worker is killed below all the same
-            pass
+        if self.started:  # what each worker started (an agent pool's proxy, a server), then the workers
+            try:
+                ray.get([w.close.options(concurrency_group=SYNC).remote() for w in self.workers], timeout=30)
+            except Exception:  # noqa: BLE001 - a dead or stuck worker is killed below all the same
+                pass
+        self.started = False
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         self.workers = []

@@ -84,7 +84,7 @@ def pool_without_workers(config):
     from ctu.distributed.ray_pool import RayPool
 
     pool = RayPool.__new__(RayPool)
-    pool.config, pool.workers, pool.dead, pool.latest = config, [], set(), (None, -1)
+    pool.config, pool.workers, pool.dead, pool.latest, pool.started = config, [], set(), (None, -1), False
     return pool
 
 
