@@ -43,15 +43,23 @@ def generate_with_a_load_midway(mode):
     weights = new_weights(model)
     params = SamplingParams(temperature=1.0, max_tokens=TOKENS, seed=3, stop_token_ids=())
     engine.eos_ids = set()  # a random model may sample its EOS: decode every token
+    completion = generate_while_loading(engine, params, lambda: engine.decode_steps,
+                                        lambda: engine.update_weights(weights, version=1))
+    return engine, model, old, completion
+
+
+def generate_while_loading(engine, params, decode_steps, load):
+    """``engine.generate_sync`` of :data:`PROMPT` in a thread; ``load()`` once ``decode_steps()`` reaches 5; the
+    completion."""
     out = {}
     thread = threading.Thread(target=lambda: out.update(c=engine.generate_sync([PROMPT], params)[0][0]))
     thread.start()
     deadline = time.monotonic() + 60
-    while engine.decode_steps < 5 and time.monotonic() < deadline:
+    while decode_steps() < 5 and time.monotonic() < deadline:
         time.sleep(0.001)
-    engine.update_weights(weights, version=1)
+    load()
     thread.join(120)
-    return engine, model, old, out["c"]
+    return out["c"]
 
 
 def with_weights(model, state):

@@ -18,7 +18,7 @@ from ctu.engines.base import SamplingParams
 from ctu.engines.served import ServedEngine
 from ctu.train.sync import adapter_named_tensors
 from tests.fakes.fake_vllm_server import FakeVLLMServer
-from tests.unit.engines.test_engine_inflight import PROMPT, teacher_forced
+from tests.unit.engines.test_engine_inflight import PROMPT, generate_while_loading, teacher_forced
 from tests.unit.engines.test_engine_served import new_version, policy  # noqa: F401 - policy: the PEFT fixture
 
 TOKENS = 48
@@ -44,16 +44,12 @@ def generate_with_a_load_midway(fake, policy, tmp_path, mode):  # noqa: F811
     engine = engine_for(fake, tmp_path, mode)
     base = fake.engines[fake.name]
     params = SamplingParams(temperature=1.0, max_tokens=TOKENS, seed=3)
-    out = {}
-    thread = threading.Thread(target=lambda: out.update(c=engine.generate_sync([PROMPT], params)[0][0]))
-    thread.start()
-    deadline = time.monotonic() + 60
-    while base.decode_steps < 5 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    new_version(policy, 1)
-    engine.update_adapter(adapter_named_tensors(policy), 1)
-    thread.join(120)
-    return engine, out["c"]
+
+    def load():
+        new_version(policy, 1)
+        engine.update_adapter(adapter_named_tensors(policy), 1)
+
+    return engine, generate_while_loading(engine, params, lambda: base.decode_steps, load)
 
 
 @pytest.mark.parametrize("mode", ["finish", "abort", "continue"])
