@@ -12,7 +12,9 @@ entry point calls :func:`apply` before anything imports torch.
 The thread count is the CPUs this process may run on (its affinity mask) capped by its cgroup's CPU quota
 (``cpu.max``); :func:`refresh` re-reads both between phases of a run (a container resized, a ``taskset`` moved
 it). A setting the user made (``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``, ``KMP_BLOCKTIME``) is kept
-and named in the one line the run prints; ``CTU_CPU_THREADS=off`` leaves OpenMP and torch as they were.
+and named in the one line the run prints; ``CTU_CPU_THREADS=off`` leaves OpenMP and torch as they were,
+``CTU_CPU_THREADS=fixed`` keeps the count when other programs are busy (generation otherwise takes fewer threads
+then: :mod:`ctu.engines.cpu_share`).
 
 This module imports no torch at load (``apply`` runs before torch is imported).
 """
@@ -25,6 +27,8 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ctu.engines.cpu_share import Share
 
 # libgomp spin iterations before a waiting thread sleeps (its default: 300,000). Measured on a quiet 2-core Sapphire
 # Rapids, the quickstart's decode step (docs/cpu.md): 1,000 cost 30% alone (the gaps between a step's parallel
@@ -44,13 +48,15 @@ class Choice:
     env: dict[str, str] = field(default_factory=dict)  # variables to set before torch loads
     message: str = ""  # the one line a run prints
     set_threads: bool = True  # whether to set torch's thread count (False: the user's OMP_NUM_THREADS or off)
+    share: bool = False  # generation takes fewer threads while other programs keep the CPUs busy (cpu_share)
 
 
 def choose(affinity: int, quota: float | None, env: Mapping[str, str]) -> Choice:
     """The threads and OpenMP waits for a process that may run on ``affinity`` CPUs under a cgroup quota of
     ``quota`` CPUs (None: no quota), given the environment ``env``. Pure: nothing is read or set."""
     affinity = max(1, affinity)
-    if env.get(OFF_VAR, "").strip().lower() in ("0", "off", "false", "no"):
+    mode = env.get(OFF_VAR, "").strip().lower()
+    if mode in ("0", "off", "false", "no"):
         return Choice(affinity, {}, f"threads: torch's default, OpenMP waits as they are ({OFF_VAR}=off)", False)
     cap = affinity if quota is None else max(1, min(affinity, math.ceil(quota - 1e-9)))
     where = f"affinity {affinity}, cgroup quota {'none' if quota is None else f'{quota:g} CPUs'}"
@@ -59,11 +65,12 @@ def choose(affinity: int, quota: float | None, env: Mapping[str, str]) -> Choice
         first = user_threads.split(",")[0]
         threads = int(first) if first.isdigit() and int(first) > 0 else cap
         thread_part = f"threads: {user_threads} (OMP_NUM_THREADS kept from the environment; {where})"
-        set_threads = False
+        set_threads = share = False
     else:
         threads = cap
-        thread_part = f"threads: {threads} ({where})"
         set_threads = True
+        share = mode != "fixed" and (quota is None or quota >= affinity)  # under a binding quota it is the share
+        thread_part = f"threads: {threads} ({where}{'; fewer for generation while other programs are busy' if share else ''})"
     kept = [f"{name}={env[name]}" for name in USER_WAIT_VARS if env.get(name, "").strip()]
     if kept:
         wait_part = f"OpenMP waits: {', '.join(kept)} kept from the environment"
@@ -71,7 +78,7 @@ def choose(affinity: int, quota: float | None, env: Mapping[str, str]) -> Choice
     else:
         to_set = {"GOMP_SPINCOUNT": str(SPIN_COUNT), "KMP_BLOCKTIME": str(BLOCK_TIME_MS)}
         wait_part = f"OpenMP waits: spin {SPIN_COUNT} then sleep (GOMP_SPINCOUNT={SPIN_COUNT}: a shared CPU is not spun on)"
-    return Choice(threads, to_set, f"{thread_part}, {wait_part}", set_threads)
+    return Choice(threads, to_set, f"{thread_part}, {wait_part}", set_threads, share)
 
 
 def affinity_cpus() -> int:
@@ -104,6 +111,7 @@ def cgroup_quota(root: Path = CGROUP_ROOT) -> float | None:
 
 
 _applied: Choice | None = None
+_share: Share | None = None
 _late = False  # torch was loaded before apply: its OpenMP waits could not be set
 _announced = False
 
@@ -111,7 +119,7 @@ _announced = False
 def apply(environ: MutableMapping[str, str] | None = None) -> Choice:
     """Choose and set the OpenMP variables (before torch loads, or they do nothing: the line :func:`note` gives then
     says so) and, where torch is loaded, its thread count."""
-    global _applied, _late
+    global _applied, _late, _share
     environ = os.environ if environ is None else environ
     choice = choose(affinity_cpus(), cgroup_quota(), environ)
     _late = "torch" in sys.modules and bool(choice.env)
@@ -124,7 +132,13 @@ def apply(environ: MutableMapping[str, str] | None = None) -> Choice:
     elif choice.set_threads and choice.threads != affinity_cpus():  # OpenMP counts the affinity, not the quota
         environ.setdefault("OMP_NUM_THREADS", str(choice.threads))
     _applied = choice
+    _share = Share(choice.threads) if choice.share else None
     return choice
+
+
+def generation_share() -> Share | None:
+    """What generation asks, between decode steps, for its thread count (None: the count is fixed)."""
+    return _share
 
 
 def note() -> str | None:
@@ -147,5 +161,7 @@ def refresh() -> int | None:
     if threads == torch.get_num_threads():
         return None
     torch.set_num_threads(threads)
+    if _share is not None:
+        _share.cap = _share.threads = threads
     print(f"threads: {threads} now (the CPUs this process may use changed)", flush=True)
     return threads

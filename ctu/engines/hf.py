@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from ctu.engines import cpu_share, cpu_threads
 from ctu.engines import kv_reuse as kvr
 from ctu.engines.base import Completion, Engine, SamplingParams
 from ctu.engines.decode_copy import DecodeCopy, resolve_decode_dtype
@@ -146,6 +147,7 @@ class HFEngine(Engine):
         self._pending_loads = 0  # update_weights calls waiting for the lock
         self.interrupted_rows = 0  # rows stopped by a load (abort / continue)
         self.decode_steps = 0
+        self._share: cpu_share.Share | None = None  # a generation's thread count beside other programs (CPU)
 
     @property
     def device(self) -> torch.device:
@@ -192,7 +194,9 @@ class HFEngine(Engine):
         with self._lock:
             was_training = self.model.training
             self.model.eval()
+            self._share = cpu_threads.generation_share() if self.device.type == "cpu" else None
             try:
+                cpu_share.pace(self._share)
                 self._tidy_cache()
                 self._net = self.model  # an outdated decode copy is dropped before the new one is made
                 if self.decode_copy is not None:
@@ -224,6 +228,7 @@ class HFEngine(Engine):
                             return [k for j, k in enumerate(chunk) if j in cut] + pending[start + len(chunk):]
             finally:
                 self.model.train(was_training)
+                cpu_share.settle(self._share)
                 if self.device.type == "cpu":  # the freed KV of this call's batch: its holes back to the OS now
                     trim_heap()
         return []
@@ -277,6 +282,7 @@ class HFEngine(Engine):
                 elif len(out_ids[row]) >= budgets[row] < longest:  # a shorter budget (a continued row) ends here;
                     reason[row] = "length"  # the longest ends with the loop, its last token fed as always
             self.decode_steps += 1
+            cpu_share.pace(self._share)  # fewer threads while other programs keep the CPUs busy
             if all(r is not None for r in reason):
                 break
             if interruptible and self._pending_loads:  # a weight load waits: stop here (trainer.inflight)

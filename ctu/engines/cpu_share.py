@@ -1,0 +1,162 @@
+"""Fewer threads for generation while other programs keep this machine's CPUs busy, back when they stop.
+
+A 2-thread decode beside one busy program makes 3 runnable threads on 2 cores: every parallel region waits for its
+slowest thread, which waits for the scheduler, and the step slows ~3x instead of the ~1.5-2x its share of the CPUs
+would give. With one thread it runs on the core the other program leaves it.
+
+How busy the others are is measured, not guessed: between two samples, the CPU time the kernel counted on this
+process's CPUs (``/proc/stat``: user, system, irq, softirq; ``nice`` only when this process is itself niced: a
+niced program yields its CPU to ours) minus this process's own CPU time (``os.times``, all its threads), over the
+wall time between them, in CPUs. Samples are taken from the decode loop at most once a second; nothing is read
+when nothing is generated.
+
+Only generation changes its thread count, and only in the thread that generates (torch keeps the OpenMP thread
+count per thread once it has computed): a forward pass gives the same logits with 1 or 2 threads
+(``tests/unit/engines/test_cpu_share.py`` checks the engine's tokens), while a backward pass does not, so the
+warm start and the updates keep theirs and a seed's numbers do not depend on what else runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+STAT = Path("/proc/stat")
+INTERVAL_S = 1.0  # at most one sample a second
+DROP_AT = 0.5  # drop a thread when the others take this much more than the CPUs this process leaves them
+RAISE_AT = 0.25  # take a thread back when the others leave a whole CPU more but this much
+NOTE_EVERY_S = 60.0  # a change of thread count is said at most this often
+
+
+@dataclass(frozen=True)
+class Sample:
+    wall: float  # time.monotonic()
+    busy: float  # CPU seconds the kernel counted on this process's CPUs, every process's
+    own: float  # CPU seconds of this process, all its threads
+
+
+def busy_seconds(stat_text: str, cpus: set[int] | None, count_nice: bool, ticks_per_s: float) -> float | None:
+    """CPU seconds spent on ``cpus`` (None: every CPU) from a ``/proc/stat`` text, or None when it names none."""
+    total, seen = 0, False
+    for line in stat_text.splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu" or not name[3:].isdigit():
+            continue
+        if cpus is not None and int(name[3:]) not in cpus:
+            continue
+        fields = [int(x) for x in rest.split()]
+        if len(fields) < 7:
+            continue
+        user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+        total += user + system + irq + softirq + (nice if count_nice else 0)
+        seen = True
+    return total / ticks_per_s if seen else None
+
+
+def others_busy(before: Sample, after: Sample) -> float:
+    """CPUs other processes kept busy between two samples (0 when the interval is empty)."""
+    wall = after.wall - before.wall
+    if wall <= 0:
+        return 0.0
+    return max(0.0, ((after.busy - before.busy) - (after.own - before.own)) / wall)
+
+
+def share_threads(cap: int, current: int, others: float) -> int:
+    """The thread count for generation with ``cap`` CPUs, ``current`` threads now and ``others`` CPUs busy with other
+    programs. One thread fewer per CPU the others take; hysteresis so that a neighbour near a threshold does not
+    switch the count at every sample."""
+    cap, current = max(1, cap), min(max(1, current), max(1, cap))
+    free = cap - others
+    if free <= current - DROP_AT:  # the others take a CPU this process's threads would run on
+        return max(1, min(current - 1, math.ceil(free - DROP_AT)))
+    if free >= current + 1 - RAISE_AT:  # a CPU came free of them
+        return min(cap, max(current + 1, math.floor(free + RAISE_AT)))
+    return current
+
+
+def sample(cpus: set[int] | None = None) -> Sample | None:
+    """Now, for this process's CPUs (its affinity), or None where ``/proc/stat`` is not there (not Linux)."""
+    try:
+        text = STAT.read_text()
+    except OSError:
+        return None
+    if cpus is None:
+        try:
+            cpus = set(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = None
+    try:
+        niced = os.getpriority(os.PRIO_PROCESS, 0) > 0
+    except (AttributeError, OSError):
+        niced = False
+    busy = busy_seconds(text, cpus, niced, float(os.sysconf("SC_CLK_TCK")))
+    if busy is None:
+        return None
+    t = os.times()
+    return Sample(time.monotonic(), busy, t.user + t.system)
+
+
+class Share:
+    """The thread count generation should use now: sampled at most every ``INTERVAL_S``, shared by every generating
+    thread of the process."""
+
+    def __init__(self, cap: int, sampler=sample) -> None:
+        self.cap = max(1, cap)
+        self.threads = self.cap
+        self.others = 0.0
+        self._sampler = sampler
+        self._last: Sample | None = None
+        self._lock = threading.Lock()
+        self._noted = -NOTE_EVERY_S
+        self.changes = 0
+
+    def decide(self) -> tuple[int, str | None]:
+        """The thread count, and a line to print when it changed (at most one a minute)."""
+        with self._lock:
+            now = time.monotonic()
+            if self._last is not None and now - self._last.wall < INTERVAL_S:
+                return self.threads, None
+            got = self._sampler()
+            if got is None:
+                return self.threads, None
+            before, self._last = self._last, got
+            if before is None:
+                return self.threads, None
+            self.others = others_busy(before, got)
+            threads = share_threads(self.cap, self.threads, self.others)
+            if threads == self.threads:
+                return threads, None
+            self.threads, self.changes = threads, self.changes + 1
+            if now - self._noted < NOTE_EVERY_S:
+                return threads, None
+            self._noted = now
+            why = (f"other programs keep {self.others:.1f} of {self.cap} CPUs busy" if threads < self.cap
+                   else "the other programs' CPUs came free")
+            return threads, f"threads: {threads} for generation now ({why}; updates keep {self.cap})"
+
+
+def pace(share: Share | None) -> None:
+    """In a generating thread, between decode steps: set this thread's torch thread count to what ``share`` says."""
+    if share is None:
+        return
+    import torch
+
+    threads, line = share.decide()
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    if line:
+        print(line, flush=True)
+
+
+def settle(share: Share | None) -> None:
+    """When a generation ends: this thread back to the full count (torch's global count follows the last set)."""
+    if share is None:
+        return
+    import torch
+
+    if torch.get_num_threads() != share.cap:
+        torch.set_num_threads(share.cap)
