@@ -5,15 +5,17 @@ slowest thread, which waits for the scheduler, and the step slows ~3x instead of
 would give. With one thread it runs on the core the other program leaves it.
 
 How busy the others are is measured, not guessed: between two samples, the CPU time the kernel counted on this
-process's CPUs (``/proc/stat``: user, system, irq, softirq; ``nice`` only when this process is itself niced: a
-niced program yields its CPU to ours) minus this process's own CPU time (``os.times``, all its threads), over the
-wall time between them, in CPUs. Samples are taken from the decode loop at most once a second; nothing is read
+process's CPUs (``/proc/stat``: user, nice, system, irq, softirq) minus this process's own CPU time (``os.times``,
+all its threads), over the wall time between them, in CPUs. Niced programs count too: a stream of short nice-19
+processes, each preempting a thread as it starts, slowed 2-thread steps 8x (``benchmarks/contention.py``). Samples are taken from the decode loop at most once a second; nothing is read
 when nothing is generated.
 
-Only generation changes its thread count, and only in the thread that generates (torch keeps the OpenMP thread
-count per thread once it has computed): a forward pass gives the same logits with 1 or 2 threads
+By default only generation changes its thread count, and only in the thread that generates (torch keeps the
+OpenMP thread count per thread once it has computed): a forward pass gives the same logits with 1 or 2 threads
 (``tests/unit/engines/test_cpu_share.py`` checks the engine's tokens), while a backward pass does not, so the
 warm start and the updates keep theirs and a seed's numbers do not depend on what else runs.
+``CTU_CPU_THREADS=share`` lets them share too, before each step: faster beside busy programs, at the price of
+those bit-for-bit numbers.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class Sample:
     own: float  # CPU seconds of this process, all its threads
 
 
-def busy_seconds(stat_text: str, cpus: set[int] | None, count_nice: bool, ticks_per_s: float) -> float | None:
+def busy_seconds(stat_text: str, cpus: set[int] | None, ticks_per_s: float) -> float | None:
     """CPU seconds spent on ``cpus`` (None: every CPU) from a ``/proc/stat`` text, or None when it names none."""
     total, seen = 0, False
     for line in stat_text.splitlines():
@@ -52,7 +54,7 @@ def busy_seconds(stat_text: str, cpus: set[int] | None, count_nice: bool, ticks_
         if len(fields) < 7:
             continue
         user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
-        total += user + system + irq + softirq + (nice if count_nice else 0)
+        total += user + nice + system + irq + softirq
         seen = True
     return total / ticks_per_s if seen else None
 
@@ -89,11 +91,7 @@ def sample(cpus: set[int] | None = None) -> Sample | None:
             cpus = set(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cpus = None
-    try:
-        niced = os.getpriority(os.PRIO_PROCESS, 0) > 0
-    except (AttributeError, OSError):
-        niced = False
-    busy = busy_seconds(text, cpus, niced, float(os.sysconf("SC_CLK_TCK")))
+    busy = busy_seconds(text, cpus, float(os.sysconf("SC_CLK_TCK")))
     if busy is None:
         return None
     t = os.times()
@@ -104,8 +102,9 @@ class Share:
     """The thread count generation should use now: sampled at most every ``INTERVAL_S``, shared by every generating
     thread of the process."""
 
-    def __init__(self, cap: int, sampler=sample) -> None:
+    def __init__(self, cap: int, sampler=sample, training: bool = False) -> None:
         self.cap = max(1, cap)
+        self.training = training  # the updates share too (else they keep ``cap``)
         self.threads = self.cap
         self.others = 0.0
         self._sampler = sampler
@@ -136,7 +135,8 @@ class Share:
             self._noted = now
             why = (f"other programs keep {self.others:.1f} of {self.cap} CPUs busy" if threads < self.cap
                    else "the other programs' CPUs came free")
-            return threads, f"threads: {threads} for generation now ({why}; updates keep {self.cap})"
+            scope = "now" if self.training else f"for generation now ({why}; updates keep {self.cap})"
+            return threads, f"threads: {threads} {scope}" + (f" ({why})" if self.training else "")
 
 
 def pace(share: Share | None) -> None:

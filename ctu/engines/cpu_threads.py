@@ -14,13 +14,14 @@ The thread count is the CPUs this process may run on (its affinity mask) capped 
 it). A setting the user made (``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``, ``KMP_BLOCKTIME``) is kept
 and named in the one line the run prints; ``CTU_CPU_THREADS=off`` leaves OpenMP and torch as they were,
 ``CTU_CPU_THREADS=fixed`` keeps the count when other programs are busy (generation otherwise takes fewer threads
-then: :mod:`ctu.engines.cpu_share`).
+then: :mod:`ctu.engines.cpu_share`), ``CTU_CPU_THREADS=share`` lets the warm start and the updates take fewer too.
 
 This module imports no torch at load (``apply`` runs before torch is imported).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -49,6 +50,7 @@ class Choice:
     message: str = ""  # the one line a run prints
     set_threads: bool = True  # whether to set torch's thread count (False: the user's OMP_NUM_THREADS or off)
     share: bool = False  # generation takes fewer threads while other programs keep the CPUs busy (cpu_share)
+    share_training: bool = False  # and so do the warm start and the updates (CTU_CPU_THREADS=share)
 
 
 def choose(affinity: int, quota: float | None, env: Mapping[str, str]) -> Choice:
@@ -65,12 +67,15 @@ def choose(affinity: int, quota: float | None, env: Mapping[str, str]) -> Choice
         first = user_threads.split(",")[0]
         threads = int(first) if first.isdigit() and int(first) > 0 else cap
         thread_part = f"threads: {user_threads} (OMP_NUM_THREADS kept from the environment; {where})"
-        set_threads = share = False
+        set_threads = share = share_training = False
     else:
         threads = cap
         set_threads = True
         share = mode != "fixed" and (quota is None or quota >= affinity)  # under a binding quota it is the share
-        thread_part = f"threads: {threads} ({where}{'; fewer for generation while other programs are busy' if share else ''})"
+        share_training = share and mode == "share"
+        fewer = "; fewer while other programs are busy" if share_training else (
+            "; fewer for generation while other programs are busy" if share else "")
+        thread_part = f"threads: {threads} ({where}{fewer})"
     kept = [f"{name}={env[name]}" for name in USER_WAIT_VARS if env.get(name, "").strip()]
     if kept:
         wait_part = f"OpenMP waits: {', '.join(kept)} kept from the environment"
@@ -78,7 +83,7 @@ def choose(affinity: int, quota: float | None, env: Mapping[str, str]) -> Choice
     else:
         to_set = {"GOMP_SPINCOUNT": str(SPIN_COUNT), "KMP_BLOCKTIME": str(BLOCK_TIME_MS)}
         wait_part = f"OpenMP waits: spin {SPIN_COUNT} then sleep (GOMP_SPINCOUNT={SPIN_COUNT}: a shared CPU is not spun on)"
-    return Choice(threads, to_set, f"{thread_part}, {wait_part}", set_threads, share)
+    return Choice(threads, to_set, f"{thread_part}, {wait_part}", set_threads, share, share_training)
 
 
 def affinity_cpus() -> int:
@@ -132,13 +137,19 @@ def apply(environ: MutableMapping[str, str] | None = None) -> Choice:
     elif choice.set_threads and choice.threads != affinity_cpus():  # OpenMP counts the affinity, not the quota
         environ.setdefault("OMP_NUM_THREADS", str(choice.threads))
     _applied = choice
-    _share = Share(choice.threads) if choice.share else None
+    _share = Share(choice.threads, training=choice.share_training) if choice.share else None
     return choice
 
 
 def generation_share() -> Share | None:
     """What generation asks, between decode steps, for its thread count (None: the count is fixed)."""
     return _share
+
+
+def training_share() -> Share | None:
+    """What the warm start and the updates ask before each step (None unless ``CTU_CPU_THREADS=share``: their
+    numbers then depend on what else runs, since a backward pass sums in another order with fewer threads)."""
+    return _share if _applied is not None and _applied.share_training else None
 
 
 def note() -> str | None:
@@ -153,13 +164,15 @@ def note() -> str | None:
 def refresh() -> int | None:
     """Between phases: re-read the affinity and quota and set torch's thread count when it should change (and the
     user did not fix it). Returns the new count when it changed."""
+    global _applied
     if _applied is None or not _applied.set_threads:
         return None
     import torch
 
     threads = choose(affinity_cpus(), cgroup_quota(), {}).threads
-    if threads == torch.get_num_threads():
+    if threads == _applied.threads:  # (not torch's count: sharing may have lowered it for a while)
         return None
+    _applied = dataclasses.replace(_applied, threads=threads)
     torch.set_num_threads(threads)
     if _share is not None:
         _share.cap = _share.threads = threads

@@ -28,11 +28,10 @@ ctxt 999
 """
 
 
-def test_busy_seconds_counts_user_system_irq_softirq_of_the_named_cpus():
-    assert busy_seconds(STAT, None, False, 100.0) == pytest.approx((400 + 100 + 5 + 500 + 200) / 100)
-    assert busy_seconds(STAT, {1}, False, 100.0) == pytest.approx(7.0)
-    assert busy_seconds(STAT, {0}, True, 100.0) == pytest.approx(5.45)  # niced ourselves: the niced count too
-    assert busy_seconds(STAT, {7}, False, 100.0) is None
+def test_busy_seconds_counts_user_nice_system_irq_softirq_of_the_named_cpus():
+    assert busy_seconds(STAT, None, 100.0) == pytest.approx((400 + 40 + 100 + 5 + 500 + 10 + 200) / 100)
+    assert busy_seconds(STAT, {1}, 100.0) == pytest.approx(7.1)
+    assert busy_seconds(STAT, {7}, 100.0) is None
 
 
 def test_others_busy_is_the_machines_cpu_time_less_our_own_over_the_wall_time():
@@ -128,3 +127,39 @@ def test_a_busy_loop_beside_this_process_is_measured_as_about_one_cpu():
     finally:
         loop.wait()
     assert after is not None and others_busy(before, after) >= 0.5  # starting the interpreter takes some of it
+
+
+@pytest.mark.parametrize("mode", ["", "share"])
+def test_updates_keep_their_threads_unless_the_user_lets_them_share(monkeypatch, mode):
+    from ctu.config.schema import load_config
+    from ctu.distributed.group import LocalTrainer
+    from ctu.engines import cpu_threads
+    from tests.unit.train.test_update_semantics import samples
+
+    monkeypatch.setattr(cpu_threads, "_applied", cpu_threads.choose(2, None, {"CTU_CPU_THREADS": mode}))
+    monkeypatch.setattr(cpu_threads, "_share", Busy(2, training=mode == "share"))
+    trainer = LocalTrainer(load_config(None, ["model.path=tiny-random", "model.dtype=float32",
+                                              "trainer.micro_batch_tokens=4096"]), device="cpu")
+    seen: list[int] = []
+    embedding = next(m for m in trainer.policy.model.modules() if isinstance(m, torch.nn.Embedding))
+    embedding.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    torch.set_num_threads(2)
+    try:
+        trainer.update(samples(seed=0, n=2), 1.0, seed=0)
+    finally:
+        torch.set_num_threads(2)
+    assert set(seen) == ({1} if mode == "share" else {2})
+
+
+def test_refresh_is_not_fooled_by_a_count_sharing_lowered(monkeypatch):
+    from ctu.engines import cpu_threads
+
+    monkeypatch.setattr(cpu_threads, "_applied", cpu_threads.choose(2, None, {"CTU_CPU_THREADS": "share"}))
+    monkeypatch.setattr(cpu_threads, "affinity_cpus", lambda: 2)
+    monkeypatch.setattr(cpu_threads, "cgroup_quota", lambda: None)
+    torch.set_num_threads(1)  # lowered beside a busy program
+    try:
+        assert cpu_threads.refresh() is None  # the CPUs this process may use did not change
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(2)
