@@ -108,7 +108,7 @@ class Share:
         self.threads = self.cap
         self.others = 0.0
         self._sampler = sampler
-        self._last: Sample | None = None
+        self._last: Sample | None = sampler()  # from now: the first decision needs no second wait
         self._lock = threading.Lock()
         self._noted = -NOTE_EVERY_S
         self.changes = 0

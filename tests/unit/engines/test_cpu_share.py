@@ -62,10 +62,8 @@ def test_share_threads_stays_in_range_settles_in_one_step_and_never_adds_threads
 
 def test_share_decides_from_successive_samples_and_says_a_change_once(monkeypatch):
     monkeypatch.setattr(cpu_share, "INTERVAL_S", 0.0)
-    samples = iter([Sample(0.0, 0.0, 0.0), Sample(1.0, 2.0, 1.0), Sample(2.0, 4.0, 2.0), Sample(3.0, 4.9, 2.9),
-                    Sample(4.0, 5.9, 3.9)])
-    share = Share(2, sampler=lambda: next(samples))
-    assert share.decide() == (2, None)  # the first sample: nothing to compare yet
+    samples = iter([Sample(0.0, 0.0, 0.0), Sample(1.0, 2.0, 1.0), Sample(2.0, 4.0, 2.0), Sample(3.0, 4.9, 2.9)])
+    share = Share(2, sampler=lambda: next(samples))  # its first sample: when the process chose its threads
     threads, line = share.decide()  # the others took 1 CPU
     assert threads == 1 and line == "threads: 1 for generation now (other programs keep 1.0 of 2 CPUs busy; updates keep 2)"
     assert share.decide() == (1, None)
