@@ -160,6 +160,8 @@ class LocalTrainer(TrainerGroup):
         self.tokenizer = self.policy.tokenizer
         self.model = self.policy.model  # an in-process hf engine shares it (no sync needed)
         self.optimizer, self.scheduler = build_optimizer(self.policy, config.trainer)
+        if self.policy.device.type == "cpu":  # each forward (a micro-batch): fewer threads beside busy programs
+            self.model.get_input_embeddings().register_forward_pre_hook(lambda *_: pace(training_share()))
 
     @property
     def world_size(self) -> int:
@@ -172,7 +174,6 @@ class LocalTrainer(TrainerGroup):
     def update(self, samples, temperature, seed):
         from ctu.train.update import policy_update
 
-        pace(training_share())  # fewer threads beside busy programs, where the user asked for it
         lr = self.scheduler.get_last_lr()[0]  # this update's rate (the scheduler steps inside it)
         stats = policy_update(self.policy, self.optimizer, self.scheduler, samples, self.config.trainer, temperature,
                               seed=seed)
@@ -181,7 +182,6 @@ class LocalTrainer(TrainerGroup):
     def kl(self, samples, temperature):
         from ctu.train.update import sequence_kl
 
-        pace(training_share())
         return sequence_kl(self.policy, samples, self.config.trainer, temperature)
 
     def sft(self, demos, batches, on_step=None):
@@ -192,7 +192,6 @@ class LocalTrainer(TrainerGroup):
         optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=t.sft_lr, weight_decay=0.0)
         loss = 0.0
         for n, batch in enumerate(batches, start=1):
-            pace(training_share())
             loss = sft_update(self.policy, optimizer, [demos[i] for i in batch], t.micro_batch_tokens,
                               share_prefix=t.pack_shared_prefix)
             release_memory()
