@@ -7,15 +7,15 @@ would give. With one thread it runs on the core the other program leaves it.
 How busy the others are is measured, not guessed: between two samples, the CPU time the kernel counted on this
 process's CPUs (``/proc/stat``: user, nice, system, irq, softirq) minus this process's own CPU time (``os.times``,
 all its threads), over the wall time between them, in CPUs. Niced programs count too: a stream of short nice-19
-processes, each preempting a thread as it starts, slowed 2-thread steps 8x (``benchmarks/contention.py``). Samples are taken from the decode loop at most once a second; nothing is read
-when nothing is generated.
+processes, each preempting a thread as it starts, slowed 2-thread steps 8x (``benchmarks/contention.py``).
+Samples are taken between decode steps at most once a second; nothing is read when nothing is computed.
 
 By default only generation changes its thread count, and only in the thread that generates (torch keeps the
 OpenMP thread count per thread once it has computed): a forward pass gives the same logits with 1 or 2 threads
 (``tests/unit/engines/test_cpu_share.py`` checks the engine's tokens), while a backward pass does not, so the
 warm start and the updates keep theirs and a seed's numbers do not depend on what else runs.
-``CTU_CPU_THREADS=share`` lets them share too, before each step: faster beside busy programs, at the price of
-those bit-for-bit numbers.
+``CTU_CPU_THREADS=share`` lets them share too, before each forward pass: faster beside busy programs, at the
+price of those bit-for-bit numbers.
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ class Share:
         self.others = 0.0
         self._sampler = sampler
         self._last: Sample | None = sampler()  # from now: the first decision needs no second wait
+        self._asked = time.monotonic()  # the last sampling, successful or not (no /proc/stat: not re-read per step)
         self._lock = threading.Lock()
         self._noted = -NOTE_EVERY_S
         self.changes = 0
@@ -117,8 +118,9 @@ class Share:
         """The thread count, and a line to print when it changed (at most one a minute)."""
         with self._lock:
             now = time.monotonic()
-            if self._last is not None and now - self._last.wall < INTERVAL_S:
+            if now - self._asked < INTERVAL_S:
                 return self.threads, None
+            self._asked = now
             got = self._sampler()
             if got is None:
                 return self.threads, None
@@ -135,8 +137,8 @@ class Share:
             self._noted = now
             why = (f"other programs keep {self.others:.1f} of {self.cap} CPUs busy" if threads < self.cap
                    else "the other programs' CPUs came free")
-            scope = "now" if self.training else f"for generation now ({why}; updates keep {self.cap})"
-            return threads, f"threads: {threads} {scope}" + (f" ({why})" if self.training else "")
+            where, keep = ("", "") if self.training else (" for generation", f"; updates keep {self.cap}")
+            return threads, f"threads: {threads}{where} now ({why}{keep})"
 
 
 def pace(share: Share | None) -> None:

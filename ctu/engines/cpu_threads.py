@@ -147,9 +147,9 @@ def generation_share() -> Share | None:
 
 
 def training_share() -> Share | None:
-    """What the warm start and the updates ask before each step (None unless ``CTU_CPU_THREADS=share``: their
-    numbers then depend on what else runs, since a backward pass sums in another order with fewer threads)."""
-    return _share if _applied is not None and _applied.share_training else None
+    """What the warm start and the updates ask before each forward pass (None unless ``CTU_CPU_THREADS=share``:
+    their numbers then depend on what else runs, since a backward pass sums in another order with fewer threads)."""
+    return _share if _share is not None and _share.training else None
 
 
 def note() -> str | None:
