@@ -52,22 +52,34 @@ def pytest_collection_modifyitems(config, items) -> None:
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory) -> str:
+def _llama(tmp_path_factory, name: str, hidden: int, layers: int, heads: int, kv_heads: int) -> str:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from ctu.engines.models import smollm2_tokenizer_dir
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=32,
+                         max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = LlamaForCausalLM(config)
-    out = tmp_path_factory.mktemp("tiny-llama-hd32")
+    out = tmp_path_factory.mktemp(name)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> str:
+    return _llama(tmp_path_factory, "tiny-llama-hd32", hidden=64, layers=2, heads=2, kv_heads=1)
+
+
+@pytest.fixture(scope="session")
+def small_llama(tmp_path_factory) -> str:
+    """~34M parameters: a decode step of its server's engine core takes longer than its API process needs to turn
+    a token into JSON, so the API process answers other routes (``/pause``) while a request runs. With the tiny
+    Llama the engine core outruns it and the API process answers nothing until the running request is done."""
+    return _llama(tmp_path_factory, "small-llama-hd32", hidden=512, layers=4, heads=16, kv_heads=2)
