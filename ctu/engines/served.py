@@ -81,6 +81,7 @@ class ServedEngine(RemoteEngine):
         self.inflight = inflight
         self.pause_gate = PauseGate()
         self.interrupted_rows = 0  # rows a pause stopped (abort / continue)
+        self.unstopped_rows = 0  # rows a pause began during and did not stop (a server that answered it late)
         self.sleep_mode = sleep_mode
         self.asleep: set[str] = set()  # the server's tags this engine put to sleep and has not woken
         self.root = server_root(base_url)

@@ -14,17 +14,25 @@ vllm/v1/engine/async_llm.py, vllm/v1/engine/core.py, vllm/v1/engine/output_proce
 
 ctu pauses only around its own loads (:func:`paused`) and holds its own requests at a local gate meanwhile, so a
 request is refused only when it was on its way as the pause began; it is sent again once the server resumed.
+
+Measured with vLLM 0.33 on CPU: where the engine core samples faster than the API process turns tokens into JSON
+(a tiny model), the API process's output handler never yields its event loop while a request runs (``await`` on
+a non-empty queue), so it answers no route, ``/pause`` included, until the request is done: the pause then stops
+nothing and the rows ran to their end on the weights they began with (stamped with that version, as ``finish``
+would). ctu counts such rows (``unstopped_rows``) and says so once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ctu.config.redact import redact
 from ctu.engines.base import Completion, SamplingParams
 from ctu.engines.remote import RemoteEngineError
 
@@ -32,6 +40,8 @@ if TYPE_CHECKING:
     import httpx
 
 ServedEngine = Any  # ctu.engines.served.ServedEngine, which imports this module
+
+log = logging.getLogger(__name__)
 
 RESEND_SEED_STEP = 1_000_003  # a row sent again samples from a seed of its own (not the stream it began with)
 
@@ -108,8 +118,11 @@ async def complete_with_pauses(engine: ServedEngine, client: httpx.AsyncClient, 
                 raise
         rounds += 1
         stamp = -1 if version is None else version
+        paused_meanwhile = engine.pause_gate.epoch != epoch
         for (rows, _), (completions, aborted) in zip(sends, replies, strict=True):
             for j, c, stopped in zip(rows, completions, aborted, strict=True):
+                if paused_meanwhile and not stopped:
+                    unstopped(engine)
                 ids, lps, vs = sampled[j]
                 if stopped and engine.inflight == "abort":
                     engine.interrupted_rows += 1
@@ -127,6 +140,17 @@ async def complete_with_pauses(engine: ServedEngine, client: httpx.AsyncClient, 
                                      min(vs) if mixed else only, tuple(vs) if mixed else None)
         pending = [j for j in pending if j not in done]
     return [done[j] for j in range(params.n)]
+
+
+def unstopped(engine: ServedEngine) -> None:
+    """A row that a pause began during and did not stop: counted, said once per engine."""
+    engine.unstopped_rows += 1
+    if engine.unstopped_rows == 1:
+        log.warning("%s: a load's POST /pause?mode=abort did not stop the requests running: they ran to their end on "
+                    "the weights they began with, stamped with that version, as trainer.inflight=finish would "
+                    "(trainer.inflight=%s). A server answers /pause that late when its API process cannot keep up "
+                    "with its engine core (seen with tiny models on CPU). Said once; the engine counts such rows "
+                    "(unstopped_rows)", redact(engine.root), engine.inflight)
 
 
 async def post_reading_aborts(engine: ServedEngine, client: httpx.AsyncClient, body: dict[str, Any], n: int,

@@ -78,6 +78,10 @@ class FakeVLLMServer:
         self.keep_old_weights = self.forget_loads = self.fail_loads = False
         self.answer_as_previous: bool | set[str] = False
         self.paused = False  # /pause until /resume (vLLM's PAUSED_NEW with reject_new_requests)
+        # vLLM's API process answering /pause only once its running requests ended, so they are not stopped: seen
+        # where its engine core samples faster than the API process turns tokens into JSON (a tiny model on CPU):
+        # its output handler then never yields the event loop (await on a non-empty queue) while a request runs
+        self.pause_after_running = False
         self.sleeping: set[str] = set()  # /sleep's tags until /wake_up (a CUDA server with --enable-sleep-mode)
         self.aborted = 0  # choices a pause stopped (finish_reason "abort")
         self.in_flight = 0  # completions requests being generated
@@ -263,7 +267,8 @@ class FakeVLLMServer:
         self.events.append(f"pause {mode}")
         with self._flight:
             self.paused = True
-            stopping = list(self.engines.values()) + [e for _, e in self.aliases.values()] if mode == "abort" else []
+            stopping = list(self.engines.values()) + [e for _, e in self.aliases.values()] \
+                if mode == "abort" and not self.pause_after_running else []
             for engine in stopping:  # the hf engine's decode loop stops at its next token (interruptible)
                 engine._pending_loads += 1
             self._flight.wait_for(lambda: self.in_flight == 0)

@@ -80,6 +80,23 @@ def test_a_load_midway_through_a_served_completion(fake, policy, tmp_path, mode)
         torch.testing.assert_close(got[switch:], after[switch:], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["abort", "continue"])
+def test_a_pause_that_stops_nothing_is_said_once(fake, policy, tmp_path, mode, caplog):  # noqa: F811
+    """A server that answers /pause only once its running requests ended: they ran to their end on the old weights
+    (stamped with that version, as trainer.inflight=finish would), and the run says so once, naming the mode."""
+    fake.pause_after_running = True
+    with caplog.at_level("WARNING", logger="ctu.engines"):
+        engine, c = generate_with_a_load_midway(fake, policy, tmp_path, mode)
+        v1 = fake.engines["ctu-v1"]  # serving the next request
+        steps, params = v1.decode_steps, SamplingParams(temperature=1.0, max_tokens=TOKENS, seed=4)
+        again = generate_while_loading(engine, params, lambda: v1.decode_steps - steps, lambda: engine.update_adapter(
+            adapter_named_tensors(new_version(policy, 2) or policy), 2))
+    assert c.versions() == [0] * TOKENS and again.versions() == [1] * TOKENS and c.finish_reason == "length"
+    assert engine.interrupted_rows == 0 and fake.aborted == 0 and engine.unstopped_rows == 2
+    said = [r.getMessage() for r in caplog.records if "/pause" in r.getMessage()]
+    assert len(said) == 1 and f"trainer.inflight={mode}" in said[0] and "ran to their end" in said[0], said
+
+
 def test_the_fakes_pause_answers_as_vllm(fake):
     """vllm/entrypoints/rl/online/api_router.py, vllm/v1/engine/core.py: /pause?mode=abort stops running requests
     (200, their tokens so far, finish_reason "abort") and returns once they have; until /resume new requests are
