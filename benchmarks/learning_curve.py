@@ -2,8 +2,10 @@
 held-out success on every test task at fixed intervals, for several seeds; a PNG and a JSON of the numbers.
 
 Arms (any number, each ``name`` or ``name:key=value,key=value``; the overrides apply to that arm only):
-  sft   more supervised steps on the gold demonstrations (the warm start's optimizer settings, a fresh AdamW);
-  grpo  GRPO steps (``ctu train``'s ``train_step``: rollouts, advantages, update, weight sync).
+  sft     more supervised steps on the gold demonstrations (the warm start's optimizer settings, a fresh AdamW);
+  grpo    GRPO steps (``ctu train``'s ``train_step``: rollouts, advantages, update, weight sync);
+  replay  the control of ``trainer.sft_replay``: each step updates on its replayed demonstrations alone (no rollout,
+          no RL term) with the RL step's optimizer, schedule and draws: what RL adds over them is grpo - replay.
 Every arm of a seed starts from the same warm-started weights (the warm start runs once per seed and is kept in
 memory, or on disk with ``--cache``); the clock counts training only (rollouts, updates, syncs), not evaluation,
 and an evaluation (greedy, ``eval.*``, all of ``trainer.eval_max_tasks``) runs whenever ``--eval-every`` seconds of
@@ -12,6 +14,14 @@ training have passed and at the end.
     python benchmarks/learning_curve.py [configs/quickstart.yaml] [--seeds 0 1 2] [--minutes 10]
         [--eval-every 150] [--arms sft grpo] [--steps sft=16 grpo=4 [--evals 2]] [--out runs/learning_curve]
         [--cache DIR] [key=value ...]
+
+Does RL learn what no demonstration showed? The quickstart leaves refusals out of its warm start
+(``trainer.sft_exclude: [refusal]``); per seed, RL for 6 steps, the replay-only control for 6, and more SFT for as
+long as that seed's RL trained (``sft=match``), then refusals (of 14), allowed writes (of 34) and status requests
+(of 12) held out, before and after:
+
+    python benchmarks/learning_curve.py --arms grpo replay sft --steps grpo=6 replay=6 sft=match --evals 1 \
+        --seeds 0 1 2 --cache runs/rl_discovers/cache --out runs/rl_discovers
 """
 
 from __future__ import annotations
@@ -37,8 +47,8 @@ def parse_arm(text: str) -> tuple[str, str, list[str]]:
     """``grpo:trainer.lr=3e-4,sampling.temperature=1.1`` -> (label, kind, overrides)."""
     label, _, rest = text.partition(":")
     kind = label.split("@")[0]
-    if kind not in ("sft", "grpo"):
-        raise SystemExit(f"--arms: unknown arm kind '{kind}' in '{text}' (sft or grpo)")
+    if kind not in ("sft", "grpo", "replay"):
+        raise SystemExit(f"--arms: unknown arm kind '{kind}' in '{text}' (sft, grpo or replay)")
     return label, kind, [o for o in rest.split(",") if o]
 
 
@@ -72,6 +82,22 @@ def covered(task, kinds) -> bool:
     cancel/refusal, ``cancel/refusal`` only the refusals."""
     kind = task_kind(task)
     return any(kind == k or kind.split("/")[0] == k for k in kinds)
+
+
+def kinds_of(domains) -> dict[str, str] | None:
+    """Each held-out task's ``kind/allowed|refusal`` (None when some task has no kind: not ``mini``)."""
+    tasks = [(f"{d.name}/{t.id}", t) for d in domains for t in d.tasks]
+    if not all(isinstance(t.description, dict) and "kind" in t.description for _, t in tasks):
+        return None
+    return {key: task_kind(t) for key, t in tasks}
+
+
+def behaviours(tasks: dict[str, float], kinds: dict[str, str]) -> dict[str, tuple[float, int]]:
+    """Successes (summed rates) and tasks of each behaviour: refusals, allowed writes, status requests."""
+    groups = {"refusals": lambda k: k.endswith("/refusal"), "allowed writes": lambda k: k.endswith("/allowed")
+              and not k.startswith("status/"), "status requests": lambda k: k.startswith("status/")}
+    return {name: (sum(r for key, r in tasks.items() if test(kinds[key])), sum(1 for key in tasks if test(kinds[key])))
+            for name, test in groups.items()}
 
 
 def demo_tasks(domain, kinds) -> list:
@@ -115,6 +141,13 @@ def run_arm(trainer: Trainer, label: str, kind: str, seconds: float, eval_every:
             note = (f"reward {r['reward']:.3f}, {r['episodes']} episodes ({r['dynamic_extra_draws']} extra draws), "
                     f"rollout {tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, "
                     f"entropy {metrics['train']['entropy']:.3f}")
+        elif kind == "replay":
+            trainer.step += 1
+            demos_now = trainer.replay_demos()
+            stats = trainer.group.update(demos_now, trainer.config.sampling.temperature,
+                                         seed=trainer.config.run.seed * 1_000_003 + trainer.step)
+            trainer.sync_weights()
+            note = f"{len(demos_now)} demonstrations replayed alone, loss {stats['loss']:.3f}"
         else:
             from ctu.train.update import sft_update
 
@@ -142,7 +175,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=float, default=150.0, help="seconds of training between evaluations")
     ap.add_argument("--arms", nargs="+", default=["sft", "grpo"])
     ap.add_argument("--steps", nargs="*", default=[], metavar="KIND=N",
-                    help="step budgets instead of --minutes, e.g. sft=16 grpo=4 (the same training time on a quiet "
+                    help="step budgets instead of --minutes, e.g. sft=16 grpo=4 (sft=match: the seconds this seed's grpo "
+                         "arm trained; the same training time on a quiet "
                          "machine; the times are measured and printed)")
     ap.add_argument("--evals", type=int, default=2, help="with --steps: evaluations per arm, evenly spaced")
     ap.add_argument("--out", default="runs/learning_curve")
@@ -202,9 +236,16 @@ def main() -> None:
             print(f"seed {seed}: warm start success {start['success']:.3f} (95% CI {start.get('ci')})", flush=True)
             trainer.sync.base_changed = True
             trainer.sync_weights()
-            budgets = {k: int(v) for k, v in (x.split("=") for x in args.steps)}
-            points = run_arm(trainer, label, kind, args.minutes * 60, args.eval_every, demos, seed,
-                             max_steps=budgets.get(kind), evals=args.evals)
+            budget = dict(x.split("=") for x in args.steps).get(kind)
+            seconds, eval_every = args.minutes * 60, args.eval_every
+            if budget == "match":  # as long as this seed's grpo arm trained, one evaluation at the end
+                rl = results.get(f"grpo/seed_{seed}")
+                if rl is None:
+                    raise SystemExit(f"--steps {kind}=match: run the grpo arm of seed {seed} first (--arms grpo ...)")
+                seconds = eval_every = rl["points"][-1]["seconds"]
+                budget = None
+            points = run_arm(trainer, label, kind, seconds, eval_every, demos, seed,
+                             max_steps=int(budget) if budget else None, evals=args.evals)
             points = [{"seconds": 0.0, "steps": 0, "success": start["success"], "ci": start.get("ci"),
                        "tasks": start.get("tasks", {})}, *points]
             if kinds:
@@ -212,7 +253,8 @@ def main() -> None:
                 for p in points:
                     p["by_demos"] = by_coverage(p["tasks"], coverage)
             results[key] = {"arm": label, "kind": kind, "seed": seed, "overrides": overrides, "points": points,
-                            "demo_kinds": " ".join(kinds) if kinds else None}
+                            "demo_kinds": " ".join(kinds) if kinds else None,
+                            "task_kinds": kinds_of(trainer.domains)}
             results_path.write_text(json.dumps(results, indent=1))
             trainer.pool.close()
             trainer.group.close()
@@ -253,10 +295,14 @@ def table(results: dict) -> None:
             if gains:
                 print(f"  held-out kinds {group.replace('_', ' ')}: mean gain {sum(gains) / len(gains):+.3f} "
                       f"(min {min(gains):+.3f}, max {max(gains):+.3f})")
-        for seed in summary["seeds"]:
+        for seed, run in zip(summary["seeds"], runs, strict=True):
             if seed["ci"]:
                 print(f"  seed {seed['seed']}: {seed['change']:+.3f} [{seed['ci'][0]:+.3f}, {seed['ci'][1]:+.3f}] "
                       f"(paired bootstrap over {seed['tasks']} tasks)")
+            if run.get("task_kinds"):
+                before, after = (behaviours(run["points"][i]["tasks"], run["task_kinds"]) for i in (0, -1))
+                print("    " + ", ".join(f"{name} {before[name][0]:g} -> {after[name][0]:g} of {after[name][1]}"
+                                         for name in after))
 
 
 def draw(results: dict, path: Path) -> None:

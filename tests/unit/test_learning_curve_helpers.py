@@ -3,7 +3,16 @@ coverage, and each arm's change with intervals (synthetic results)."""
 
 import pytest
 
-from benchmarks.learning_curve import arm_summary, by_coverage, covered, demo_tasks, task_kind
+from benchmarks.learning_curve import (
+    arm_summary,
+    behaviours,
+    by_coverage,
+    covered,
+    demo_tasks,
+    kinds_of,
+    parse_arm,
+    task_kind,
+)
 from ctu.domains import get_domain
 
 
@@ -52,3 +61,28 @@ def test_old_results_without_per_task_rates_still_summarize():
     runs = [{"seed": 0, "points": [{"success": 0.5}, {"success": 0.6}]}]
     summary = arm_summary(runs)
     assert summary["seeds"][0]["ci"] is None and summary["across_seeds"]["mean"] == pytest.approx(0.1, rel=1e-9)
+
+
+def test_behaviours_count_mini_test_tasks_by_what_they_ask(mini):
+    kinds = kinds_of([mini])
+    test = {f"mini/{t.id}" for t in mini.split("test")}
+    held_out = {key: 1.0 for key in test}
+    counts = behaviours(held_out, kinds)
+    assert counts == {"refusals": (14, 14), "allowed writes": (34, 34), "status requests": (12, 12)}
+    refusing = {key: float(kinds[key].endswith("/refusal") or kinds[key].startswith("status/")) for key in test}
+    assert behaviours(refusing, kinds) == {"refusals": (14, 14), "allowed writes": (0, 34), "status requests": (12, 12)}
+
+
+def test_kinds_need_every_task_to_have_one(mini):
+    class Untyped:
+        name = "other"
+        tasks = [type("T", (), {"id": "x", "description": "free text"})()]
+
+    assert kinds_of([mini, Untyped()]) is None
+
+
+def test_the_replay_control_is_an_arm():
+    assert parse_arm("replay") == ("replay", "replay", [])
+    assert parse_arm("grpo@lr:trainer.lr=3e-4") == ("grpo@lr", "grpo", ["trainer.lr=3e-4"])
+    with pytest.raises(SystemExit, match="replay"):
+        parse_arm("dpo")
