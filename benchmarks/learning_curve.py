@@ -122,6 +122,17 @@ def snapshot(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.policy.model.state_dict().items()}
 
 
+def replay_step(trainer: Trainer) -> tuple[int, float]:
+    """One step of the replay-only control: the step's replayed demonstrations alone, with the RL step's optimizer,
+    schedule and draws; (demonstrations, loss)."""
+    trainer.step += 1
+    demos = trainer.replay_demos()
+    stats = trainer.group.update(demos, trainer.config.sampling.temperature,
+                                 seed=trainer.config.run.seed * 1_000_003 + trainer.step)
+    trainer.sync_weights()
+    return len(demos), stats["loss"]
+
+
 def run_arm(trainer: Trainer, label: str, kind: str, seconds: float, eval_every: float, demos, seed: int,
             max_steps: int | None = None, evals: int = 2) -> list[dict]:
     """Train for ``seconds`` of wall time (or ``max_steps`` steps, then ``evals`` evenly spaced evaluations);
@@ -142,12 +153,8 @@ def run_arm(trainer: Trainer, label: str, kind: str, seconds: float, eval_every:
                     f"rollout {tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, "
                     f"entropy {metrics['train']['entropy']:.3f}")
         elif kind == "replay":
-            trainer.step += 1
-            demos_now = trainer.replay_demos()
-            stats = trainer.group.update(demos_now, trainer.config.sampling.temperature,
-                                         seed=trainer.config.run.seed * 1_000_003 + trainer.step)
-            trainer.sync_weights()
-            note = f"{len(demos_now)} demonstrations replayed alone, loss {stats['loss']:.3f}"
+            replayed, loss = replay_step(trainer)
+            note = f"{replayed} demonstrations replayed alone, loss {loss:.3f}"
         else:
             from ctu.train.update import sft_update
 
@@ -175,9 +182,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=float, default=150.0, help="seconds of training between evaluations")
     ap.add_argument("--arms", nargs="+", default=["sft", "grpo"])
     ap.add_argument("--steps", nargs="*", default=[], metavar="KIND=N",
-                    help="step budgets instead of --minutes, e.g. sft=16 grpo=4 (sft=match: the seconds this seed's grpo "
-                         "arm trained; the same training time on a quiet "
-                         "machine; the times are measured and printed)")
+                    help="step budgets instead of --minutes, e.g. sft=16 grpo=4 (the same training time on a quiet machine; "
+                         "the times are measured and printed); sft=match: the seconds this seed's grpo arm trained")
     ap.add_argument("--evals", type=int, default=2, help="with --steps: evaluations per arm, evenly spaced")
     ap.add_argument("--out", default="runs/learning_curve")
     ap.add_argument("--cache", default=None, help="keep each seed's warm start here and reuse it")

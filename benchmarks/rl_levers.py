@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learning_curve import snapshot, success, task_kind  # noqa: E402
+from learning_curve import replay_step, snapshot, success, task_kind  # noqa: E402
 
 from ctu.app.trainer import Trainer  # noqa: E402
 from ctu.config.schema import load_config  # noqa: E402
@@ -152,16 +152,12 @@ def run(args: argparse.Namespace) -> None:
     clock = 0.0
     for step in range(1, args.steps + 1):
         began = time.perf_counter()
-        trainer.step += 1
         if args.replay_only:
-            demos = trainer.replay_demos()
-            stats = trainer.group.update(demos, config.sampling.temperature,
-                                         seed=config.run.seed * 1_000_003 + trainer.step)
-            trainer.sync_weights()
+            replayed, loss = replay_step(trainer)
             clock += time.perf_counter() - began
-            print(f"step {step}: {clock:.0f}s, {len(demos)} demonstrations replayed alone, loss {stats['loss']:.3f}",
-                  flush=True)
+            print(f"step {step}: {clock:.0f}s, {replayed} demonstrations replayed alone, loss {loss:.3f}", flush=True)
         else:
+            trainer.step += 1
             metrics = trainer.train_step()["metrics"]
             clock += time.perf_counter() - began
             r, tm = metrics["rollout"], metrics["timing"]
