@@ -1,7 +1,8 @@
 """How the CPU tier slows beside other work: the quickstart's first steps quiet, beside a busy loop at nice 19 and at
 nice 0, and beside a stream of small nice-19 processes, with ctu's thread policy on (its default: short OpenMP
-spins, threads from the affinity and cgroup quota, generation sharing the CPUs), ``CTU_CPU_THREADS=share`` (the
-warm start and updates share too), ``fixed`` or off (``CTU_CPU_THREADS=off``: libgomp's default spinning).
+spins, threads from the affinity and cgroup quota, generation sharing the CPUs, and the warm start and updates too
+where fewer threads give them the same gradients), ``CTU_CPU_THREADS=share`` (they share regardless), ``fixed``
+(no sharing) or off (``CTU_CPU_THREADS=off``: libgomp's default spinning).
 
 Each cell runs ``ctu train configs/quickstart.yaml`` cut to ``--sft-steps`` supervised steps, one RL step of
 ``--tasks`` tasks (its rollouts and its update) and a final evaluation of one task, in a fresh process, and reads

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ctu.engines import cpu_threads
 from ctu.engines.cpu_share import pace
 from ctu.engines.cpu_threads import training_share
 from ctu.train.update import Sample
@@ -171,9 +172,21 @@ class LocalTrainer(TrainerGroup):
     def precision_note(self) -> str:
         return self.policy.precision_note
 
+    def _check_threads(self) -> None:
+        """Before the first training pass: whether the updates may share the CPUs (the same gradients with fewer
+        threads; :func:`ctu.engines.cpu_threads.check`)."""
+        if self.policy.device.type != "cpu" or cpu_threads.checked("training"):
+            return
+        from ctu.train.gradient_probe import micro_batch_gradients
+
+        line = cpu_threads.check("training", micro_batch_gradients(self.model, self.config.trainer.micro_batch_tokens))
+        if line:
+            print(line, flush=True)
+
     def update(self, samples, temperature, seed):
         from ctu.train.update import policy_update
 
+        self._check_threads()
         lr = self.scheduler.get_last_lr()[0]  # this update's rate (the scheduler steps inside it)
         stats = policy_update(self.policy, self.optimizer, self.scheduler, samples, self.config.trainer, temperature,
                               seed=seed)
@@ -190,6 +203,7 @@ class LocalTrainer(TrainerGroup):
 
         t = self.config.trainer
         optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=t.sft_lr, weight_decay=0.0)
+        self._check_threads()
         loss = 0.0
         for n, batch in enumerate(batches, start=1):
             loss = sft_update(self.policy, optimizer, [demos[i] for i in batch], t.micro_batch_tokens,

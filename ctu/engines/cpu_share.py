@@ -10,12 +10,12 @@ all its threads), over the wall time between them, in CPUs. Niced programs count
 processes, each preempting a thread as it starts, slowed 2-thread steps 8x (``benchmarks/contention.py``).
 Samples are taken between decode steps at most once a second; nothing is read when nothing is computed.
 
-By default only generation changes its thread count, and only in the thread that generates (torch keeps the
-OpenMP thread count per thread once it has computed): a forward pass gives the same logits with 1 or 2 threads
-(``tests/unit/engines/test_cpu_share.py`` checks the engine's tokens), while a backward pass does not, so the
-warm start and the updates keep theirs and a seed's numbers do not depend on what else runs.
-``CTU_CPU_THREADS=share`` lets them share too, before each forward pass: faster beside busy programs, at the
-price of those bit-for-bit numbers.
+Generation changes its thread count in the thread that generates (torch keeps the OpenMP thread count per thread
+once it has computed), the warm start and the updates before each forward pass; each only where fewer threads give
+it bit for bit the same results on this CPU and model (the logits, one micro-batch's gradients: checked once per
+run, :func:`ctu.engines.cpu_threads.check`). Where they do not (a BLAS that splits a product's sums by thread for
+some shapes), it keeps its threads, so that a seed's numbers do not depend on what else runs.
+``CTU_CPU_THREADS=share`` lets both share regardless.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ class Share:
 
     def __init__(self, cap: int, sampler=sample, training: bool = False) -> None:
         self.cap = max(1, cap)
-        self.training = training  # the updates share too (else they keep ``cap``)
+        self.training = training  # the updates share too, whatever their gradients (CTU_CPU_THREADS=share)
+        self.updates_share = training  # the updates share (also where fewer threads gave them the same gradients)
         self.threads = self.cap
         self.others = 0.0
         self._sampler = sampler
@@ -137,7 +138,7 @@ class Share:
             self._noted = now
             why = (f"other programs keep {self.others:.1f} of {self.cap} CPUs busy" if threads < self.cap
                    else "the other programs' CPUs came free")
-            where, keep = ("", "") if self.training else (" for generation", f"; updates keep {self.cap}")
+            where, keep = ("", "") if self.updates_share else (" for generation", f"; updates keep {self.cap}")
             return threads, f"threads: {threads}{where} now ({why}{keep})"
 
 

@@ -14,7 +14,8 @@ The thread count is the CPUs this process may run on (its affinity mask) capped 
 it). A setting the user made (``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``, ``KMP_BLOCKTIME``) is kept
 and named in the one line the run prints; ``CTU_CPU_THREADS=off`` leaves OpenMP and torch as they were,
 ``CTU_CPU_THREADS=fixed`` keeps the count when other programs are busy (generation otherwise takes fewer threads
-then: :mod:`ctu.engines.cpu_share`), ``CTU_CPU_THREADS=share`` lets the warm start and the updates take fewer too.
+then: :mod:`ctu.engines.cpu_share`, and so do the warm start and the updates where :func:`check` finds
+their gradients the same with fewer threads, as generation does its logits); ``CTU_CPU_THREADS=share`` lets them take fewer regardless.
 
 This module imports no torch at load (``apply`` runs before torch is imported).
 """
@@ -25,9 +26,10 @@ import dataclasses
 import math
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ctu.engines.cpu_share import Share
 
@@ -74,7 +76,8 @@ def choose(affinity: int, quota: float | None, env: Mapping[str, str]) -> Choice
         share = mode != "fixed" and (quota is None or quota >= affinity)  # under a binding quota it is the share
         share_training = share and mode == "share"
         fewer = "; fewer while other programs are busy" if share_training else (
-            "; fewer for generation while other programs are busy" if share else "")
+            "; fewer while other programs are busy: for generation, and for the updates where their gradients come"
+            " out the same" if share else "")
         thread_part = f"threads: {threads} ({where}{fewer})"
     kept = [f"{name}={env[name]}" for name in USER_WAIT_VARS if env.get(name, "").strip()]
     if kept:
@@ -119,12 +122,13 @@ _applied: Choice | None = None
 _share: Share | None = None
 _late = False  # torch was loaded before apply: its OpenMP waits could not be set
 _announced = False
+_invariant: dict[str, bool] = {}  # kind -> fewer threads give the same results (missing: not checked yet)
 
 
 def apply(environ: MutableMapping[str, str] | None = None) -> Choice:
     """Choose and set the OpenMP variables (before torch loads, or they do nothing: the line :func:`note` gives then
     says so) and, where torch is loaded, its thread count."""
-    global _applied, _late, _share
+    global _applied, _late, _share, _invariant
     environ = os.environ if environ is None else environ
     choice = choose(affinity_cpus(), cgroup_quota(), environ)
     _late = "torch" in sys.modules and bool(choice.env)
@@ -138,18 +142,79 @@ def apply(environ: MutableMapping[str, str] | None = None) -> Choice:
         environ.setdefault("OMP_NUM_THREADS", str(choice.threads))
     _applied = choice
     _share = Share(choice.threads, training=choice.share_training) if choice.share else None
+    _invariant = {}
     return choice
 
 
 def generation_share() -> Share | None:
-    """What generation asks, between decode steps, for its thread count (None: the count is fixed)."""
-    return _share
+    """What generation asks, between decode steps, for its thread count: the share where fewer threads give the
+    model the same logits (:func:`check`) or where the user let it share anyway; None, and the count is fixed,
+    otherwise."""
+    return _shared("generation")
 
 
 def training_share() -> Share | None:
-    """What the warm start and the updates ask before each forward pass (None unless ``CTU_CPU_THREADS=share``:
-    their numbers then depend on what else runs, since a backward pass sums in another order with fewer threads)."""
-    return _share if _share is not None and _share.training else None
+    """What the warm start and the updates ask before each forward pass: the share where fewer threads give the same
+    gradients (:func:`check`) or where the user let them share anyway (``CTU_CPU_THREADS=share``: a seed's numbers
+    may then depend on what else runs); None, and they keep their threads, otherwise."""
+    return _shared("training")
+
+
+def _shared(kind: str) -> Share | None:
+    if _share is None:
+        return None
+    return _share if _share.training or _invariant.get(kind) else None
+
+
+def checked(kind: str) -> bool:
+    """Whether :func:`check` has nothing (more) to check for ``kind`` in this process."""
+    return kind in _invariant or _share is None or _share.training or _share.cap < 2
+
+
+WHAT = {"generation": ("generation", "a decode's tokens and logprobs"),
+        "training": ("the updates", "one micro-batch's gradients")}
+
+
+def _counts(ns: Sequence[int]) -> str:
+    return f"{', '.join(map(str, ns))} thread{'s' if list(ns) != [1] else ''}"
+
+
+def check(kind: str, compute: Callable[[], Sequence[Any]]) -> str | None:
+    """Once per process and ``kind`` ("generation" or "training"), before its first pass: whether fewer threads, as
+    sharing would run it, give bit for bit the same results. ``compute`` returns tensors (logits, gradients) computed
+    at the calling thread's torch thread count; it runs at the full count and at each count sharing could pick.
+    Where they agree, ``kind`` shares the CPUs while other programs are busy and a seed's numbers still do not depend
+    on what else runs; where not (a CPU's kernels that sum in another order with fewer threads), it keeps its
+    threads. Returns the line to print (None: nothing was checked)."""
+    if checked(kind):
+        return None
+    assert _share is not None
+    import torch
+
+    before = torch.get_num_threads()
+    counts = sorted({1, 2, _share.cap // 2, _share.cap - 1} & set(range(1, _share.cap)))
+    differ = []
+    try:
+        torch.set_num_threads(_share.cap)
+        full = [t.detach().clone() for t in compute()]
+        for n in counts:
+            torch.set_num_threads(n)
+            got = compute()
+            if len(got) != len(full) or not all(torch.equal(a, b) for a, b in zip(full, got, strict=False)):
+                differ.append(n)
+    finally:
+        torch.set_num_threads(before)
+    _invariant[kind] = not differ
+    if kind == "training":
+        _share.updates_share = not differ
+    who, what = WHAT[kind]
+    if not differ:
+        verb = "shares" if kind == "generation" else "share"
+        return (f"threads: {who} {verb} the CPUs while other programs are busy ({what} on {_counts(counts)} and "
+                f"{_share.cap}: the same bits)")
+    keep = "keeps" if kind == "generation" else "keep"
+    return (f"threads: {who} {keep} {_share.cap} ({what} on {_counts(differ)} differ from {_share.cap}'s in the last "
+            f"bits on this CPU: a seed's numbers would depend on what else runs; {OFF_VAR}=share to share anyway)")
 
 
 def note() -> str | None:
@@ -164,7 +229,7 @@ def note() -> str | None:
 def refresh() -> int | None:
     """Between phases: re-read the affinity and quota and set torch's thread count when it should change (and the
     user did not fix it). Returns the new count when it changed."""
-    global _applied
+    global _applied, _invariant
     if _applied is None or not _applied.set_threads:
         return None
     import torch
@@ -174,6 +239,7 @@ def refresh() -> int | None:
         return None
     _applied = dataclasses.replace(_applied, threads=threads)
     torch.set_num_threads(threads)
+    _invariant = {}  # other counts now: checked again before the next pass
     if _share is not None:
         _share.cap = _share.threads = threads
     print(f"threads: {threads} now (the CPUs this process may use changed)", flush=True)

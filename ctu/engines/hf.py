@@ -203,14 +203,17 @@ class HFEngine(Engine):
         with self._lock:
             was_training = self.model.training
             self.model.eval()
-            self._share = cpu_threads.generation_share() if self.device.type == "cpu" else None
+            self._share = None
             try:
-                cpu_share.pace(self._share)
                 self._tidy_cache()
                 self._net = self.model  # an outdated decode copy is dropped before the new one is made
                 if self.decode_copy is not None:
                     self._net = self.decode_copy.get(self.model, self._weights_version())
                 with compute_context(self._net):  # the trainer's compute dtype when the policy's model is shared
+                    if self.device.type == "cpu":
+                        self._check_sharing()
+                        self._share = cpu_threads.generation_share()
+                        cpu_share.pace(self._share)
                     for start in range(0, len(pending), self.max_batch_size):
                         if interruptible and self._pending_loads:
                             return pending[start:]
@@ -241,6 +244,31 @@ class HFEngine(Engine):
                 if self.device.type == "cpu":  # the freed KV of this call's batch: its holes back to the OS now
                     trim_heap()
         return []
+
+    def _check_sharing(self) -> None:
+        """Once per process: whether this engine's decode gives the same tokens and logprobs with fewer threads, so
+        that generation may share the CPUs (:func:`ctu.engines.cpu_threads.check`): a full batch of random prompts
+        of different lengths, 6 sampled tokens each, by the engine's own prefill and decode steps."""
+        if cpu_threads.checked("generation"):
+            return
+        g = torch.Generator().manual_seed(0)
+        vocab = next(m for m in self._net.modules() if isinstance(m, torch.nn.Embedding)).num_embeddings
+        prompts = [torch.randint(3, vocab, (8 + 3 * i,), generator=g).tolist() for i in range(self.max_batch_size)]
+        params = SamplingParams(max_tokens=6, temperature=1.0, seed=0)
+
+        def decode() -> list[torch.Tensor]:
+            out, _ = self._generate_batch(prompts, params, torch.Generator(device=self.device).manual_seed(0))
+            return [torch.tensor([t for c in out for t in c.token_ids]),
+                    torch.tensor([x for c in out for x in c.logprobs], dtype=torch.float64)]
+
+        store, steps = self.kv_store, self.decode_steps
+        self.kv_store = None  # the probe's prompts are not kept for reuse
+        try:
+            line = cpu_threads.check("generation", decode)
+        finally:
+            self.kv_store, self.decode_steps = store, steps
+        if line:
+            print(line, flush=True)
 
     @torch.inference_mode()
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, generator,

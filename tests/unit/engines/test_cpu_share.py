@@ -77,22 +77,25 @@ def engine():
     return HFEngine(load_model("tiny-random"), load_tokenizer("tiny-random"), max_batch_size=8)
 
 
-def generate(engine, share):
+def generate(engine, share, monkeypatch):
+    """Two prompts, 2 samples each, generated in another thread with ``share`` as the process's share (its sharing
+    check run first, so that its forwards are not counted); the tokens and logprobs, and each forward's threads."""
+    from ctu.engines import cpu_threads
+
+    monkeypatch.setattr(cpu_threads, "_share", share)
+    monkeypatch.setattr(cpu_threads, "_invariant", {})
+    engine._net = engine.model
+    engine._check_sharing()
     seen: list[int] = []
     hook = engine.model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
     out: list = []
     engine._net = None
     try:
-        from ctu.engines import cpu_threads
-
-        real = cpu_threads.generation_share
-        cpu_threads.generation_share = lambda: share  # type: ignore[assignment]
         worker = threading.Thread(target=lambda: out.append(engine.generate_sync(
             [[1, 520, 33, 88], [1, 77, 4000, 5]], SamplingParams(max_tokens=10, temperature=1.0, seed=7, n=2))))
         worker.start()
         worker.join()
     finally:
-        cpu_threads.generation_share = real  # type: ignore[assignment]
         hook.remove()
     return [(c.token_ids, c.logprobs) for cs in out[0] for c in cs], seen
 
@@ -104,14 +107,29 @@ class Busy(Share):
         return 1, None
 
 
-def test_generation_beside_busy_programs_runs_on_one_thread_with_the_same_tokens_and_gives_the_thread_back(engine):
+def test_generation_beside_busy_programs_shares_only_where_fewer_threads_give_the_same_tokens(engine, monkeypatch):
+    from ctu.engines import cpu_threads
+
     torch.set_num_threads(2)
-    fixed, threads_fixed = generate(engine, None)
-    shared, threads_shared = generate(engine, Busy(2))
+    fixed, threads_fixed = generate(engine, None, monkeypatch)
+    shared, threads_shared = generate(engine, Busy(2), monkeypatch)
     assert set(threads_fixed) == {2}
-    assert set(threads_shared) == {1}, "the generating thread kept its threads beside busy programs"
-    assert shared == fixed  # a forward pass gives the same logits with 1 or 2 threads: the same tokens
+    assert "generation" in cpu_threads._invariant, "generation shared without checking its logits"
+    if cpu_threads._invariant["generation"]:
+        assert set(threads_shared) == {1}, "the generating thread kept its threads beside busy programs"
+    else:  # this CPU's products sum in another order with fewer threads for this model's shapes
+        assert set(threads_shared) == {2}
+    assert shared == fixed  # the same tokens and logprobs whatever else runs
     assert torch.get_num_threads() == 2  # the trainer's thread kept its count
+
+
+def test_generation_shares_anyway_when_the_user_says_so(engine, monkeypatch):
+    from ctu.engines import cpu_threads
+
+    torch.set_num_threads(2)
+    _, threads = generate(engine, Busy(2, training=True), monkeypatch)  # CTU_CPU_THREADS=share
+    assert set(threads) == {1} and "generation" not in cpu_threads._invariant
+    assert torch.get_num_threads() == 2
 
 
 def test_a_busy_loop_beside_this_process_is_measured_as_about_one_cpu():
@@ -127,26 +145,101 @@ def test_a_busy_loop_beside_this_process_is_measured_as_about_one_cpu():
     assert after is not None and others_busy(before, after) >= 0.5  # starting the interpreter takes some of it
 
 
-@pytest.mark.parametrize("mode", ["", "share"])
-def test_updates_keep_their_threads_unless_the_user_lets_them_share(monkeypatch, mode):
+def _update_beside_busy(monkeypatch, mode: str):
+    """One update of the tiny model beside programs that take a CPU; the thread counts its forwards ran with and the
+    trained weights."""
     from ctu.config.schema import load_config
     from ctu.distributed.group import LocalTrainer
     from ctu.engines import cpu_threads
     from tests.unit.train.test_update_semantics import samples
 
     monkeypatch.setattr(cpu_threads, "_applied", cpu_threads.choose(2, None, {"CTU_CPU_THREADS": mode}))
-    monkeypatch.setattr(cpu_threads, "_share", Busy(2, training=mode == "share"))
+    share = Busy(2, training=mode == "share") if mode != "fixed" else None
+    monkeypatch.setattr(cpu_threads, "_share", share)
+    monkeypatch.setattr(cpu_threads, "_invariant", {})
+    torch.manual_seed(0)
     trainer = LocalTrainer(load_config(None, ["model.path=tiny-random", "model.dtype=float32",
                                               "trainer.micro_batch_tokens=4096"]), device="cpu")
     seen: list[int] = []
     embedding = next(m for m in trainer.policy.model.modules() if isinstance(m, torch.nn.Embedding))
-    embedding.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
     torch.set_num_threads(2)
+    trainer._check_threads()  # what update() does first (its forwards are not the update's)
+    hook = embedding.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
     try:
         trainer.update(samples(seed=0, n=2), 1.0, seed=0)
     finally:
         torch.set_num_threads(2)
-    assert set(seen) == ({1} if mode == "share" else {2})
+        hook.remove()
+    return seen, {n: p.detach().clone() for n, p in trainer.policy.model.named_parameters() if p.requires_grad}
+
+
+def test_updates_share_the_cpus_where_fewer_threads_give_the_same_gradients_and_train_the_same_weights(monkeypatch):
+    from ctu.engines import cpu_threads
+
+    seen_fixed, fixed = _update_beside_busy(monkeypatch, "fixed")
+    seen, shared = _update_beside_busy(monkeypatch, "")
+    assert set(seen_fixed) == {2}
+    assert "training" in cpu_threads._invariant, "the updates never checked whether they may share"
+    if not cpu_threads._invariant["training"]:  # this CPU's products sum in another order with fewer threads: they keep 2
+        assert set(seen) == {2}
+        return
+    assert set(seen) == {1}, "the updates kept both threads beside a busy program although fewer give the same gradients"
+    assert fixed.keys() == shared.keys()
+    assert all(torch.equal(fixed[n], shared[n]) for n in fixed), "sharing changed the trained weights"
+
+
+def test_updates_share_anyway_when_the_user_says_so(monkeypatch):
+    from ctu.engines import cpu_threads
+
+    seen, _ = _update_beside_busy(monkeypatch, "share")
+    assert set(seen) == {1} and "training" not in cpu_threads._invariant  # nothing to check: the user chose
+
+
+def _check(monkeypatch, gradients):
+    from ctu.engines import cpu_threads
+
+    monkeypatch.setattr(cpu_threads, "_share", Busy(4))
+    monkeypatch.setattr(cpu_threads, "_invariant", {})
+    before = torch.get_num_threads()
+    line = cpu_threads.check("training", gradients)
+    assert torch.get_num_threads() == before
+    return line, cpu_threads.training_share()
+
+
+def test_gradients_that_change_with_the_thread_count_keep_the_updates_threads(monkeypatch):
+    counts: list[int] = []
+
+    def gradients():
+        counts.append(torch.get_num_threads())
+        return [torch.tensor([1.0, 2.0]), torch.tensor([0.1 * (torch.get_num_threads() == 3)])]
+
+    line, share = _check(monkeypatch, gradients)
+    assert sorted(counts) == [1, 2, 3, 4]  # the full count, then each count sharing would pick on 4 CPUs
+    assert share is None and line is not None
+    assert "keep 4" in line and "on 3 threads differ" in line and "CTU_CPU_THREADS=share" in line
+
+
+def test_gradients_the_same_on_every_count_let_the_updates_share(monkeypatch):
+    from ctu.engines import cpu_threads
+
+    line, share = _check(monkeypatch, lambda: [torch.ones(3), torch.zeros(2)])
+    assert share is cpu_threads._share and line is not None and "share the CPUs while other programs are busy" in line
+    assert cpu_threads.check("training", lambda: pytest.fail("checked twice")) is None
+
+
+def test_the_probe_leaves_grads_and_random_state_alone():
+    from ctu.train.gradient_probe import micro_batch_gradients
+
+    torch.manual_seed(0)
+    model = load_model("tiny-random", dtype=torch.float32)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.get_output_embeddings().weight.requires_grad_(True)
+    state = torch.get_rng_state()
+    grads = micro_batch_gradients(model, 64)()
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(p.grad is None for p in model.parameters())
+    assert len(grads) == 1 and grads[0].abs().sum() > 0
 
 
 def test_refresh_is_not_fooled_by_a_count_sharing_lowered(monkeypatch):
