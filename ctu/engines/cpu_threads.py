@@ -15,7 +15,7 @@ it). A setting the user made (``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY``, ``GOMP_S
 and named in the one line the run prints; ``CTU_CPU_THREADS=off`` leaves OpenMP and torch as they were,
 ``CTU_CPU_THREADS=fixed`` keeps the count when other programs are busy (generation otherwise takes fewer threads
 then: :mod:`ctu.engines.cpu_share`, and so do the warm start and the updates where :func:`check` finds
-their gradients the same with fewer threads, as generation does its logits); ``CTU_CPU_THREADS=share`` lets them take fewer regardless.
+their gradients the same with fewer threads, as generation does its decode's tokens and logprobs); ``CTU_CPU_THREADS=share`` lets them take fewer regardless.
 
 This module imports no torch at load (``apply`` runs before torch is imported).
 """
@@ -147,8 +147,8 @@ def apply(environ: MutableMapping[str, str] | None = None) -> Choice:
 
 
 def generation_share() -> Share | None:
-    """What generation asks, between decode steps, for its thread count: the share where fewer threads give the
-    model the same logits (:func:`check`) or where the user let it share anyway; None, and the count is fixed,
+    """What generation asks, between decode steps, for its thread count: the share where fewer threads give a
+    decode the same tokens and logprobs (:func:`check`) or where the user let it share anyway; None, and the count is fixed,
     otherwise."""
     return _shared("generation")
 
