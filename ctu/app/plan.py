@@ -22,7 +22,8 @@ micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
   fp32 embedding makes the residual stream fp32) plus one layer recomputed and its gradients: (L r h + 2A) T.
   Both add (r + 8 + 2b) h T for the embedding output, final norm and gathered hidden states.
 - logit chunk: C = min(trainer.logit_chunk_mib / 4 bytes, T V) fp32 elements (ctu.train.logprobs), held 6 times in the chunk's
-  backward (its recompute saves logits, log_softmax, exp and the entropy product; two gradients in flight) plus
+  backward (its recompute saves logits, log_softmax, exp and the entropy product, or a single chunk keeps its
+  log_softmax and exp from the forward; two gradients in flight) plus
   the lm_head output in the compute dtype, plus (full fine-tuning) one lm_head weight gradient V h 4 computed
   per chunk before it is accumulated.
 - FSDP2 (N > 1): the root's unsharded embedding/lm_head (kept for the whole forward) and two gathered layers

@@ -3,8 +3,10 @@
 The decoder body runs once (sharing the batch's common prefix, :mod:`ctu.engines.shared_prefix`) and gives the
 last hidden states at the scored positions; then, a chunk of positions at a time, lm_head -> float ->
 / temperature -> log_softmax -> gather (and entropy). No full fp32 [rows, positions, vocab] tensor ever
-exists: at most one chunk's [rows, chunk, vocab]. With gradients enabled each chunk is wrapped in
-``torch.utils.checkpoint``, so backward saves only the chunk's hidden states and recomputes its logits.
+exists: at most one chunk's [rows, chunk, vocab]. With gradients enabled and several chunks each is wrapped in
+``torch.utils.checkpoint``, so backward saves only the chunk's hidden states and recomputes its logits; a single
+chunk keeps its log-softmax for backward instead (its backward would hold as much recomputing it, and the
+gradients are the same bits), which saves an lm_head pass and a log-softmax a micro-batch.
 
 Forwards run under the model's compute context (autocast to ``model.dtype`` over fp32 master weights,
 see :func:`compute_context`), so callers need not wrap them.
@@ -84,11 +86,11 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         size = chunk if chunk and chunk > 0 else max(1, budget // max(1, batch * vocab))
         fn = _chunk_fn(head, temperature, with_entropy)
         targets = input_ids[:, positions + 1]
-        grad = torch.is_grad_enabled()
+        recompute = torch.is_grad_enabled() and positions.numel() > size  # several chunks: bound what is kept
         chosen_parts, entropy_parts = [], []
         for start in range(0, positions.numel(), size):
             h, t = states[:, start:start + size], targets[:, start:start + size]
-            if grad:
+            if recompute:
                 chosen, ent = checkpoint(fn, h, t, use_reentrant=False)
             else:
                 chosen, ent = fn(h, t)

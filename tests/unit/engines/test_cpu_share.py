@@ -242,6 +242,28 @@ def test_the_probe_leaves_grads_and_random_state_alone():
     assert len(grads) == 1 and grads[0].abs().sum() > 0
 
 
+def test_the_probe_scores_an_episodes_share_of_its_tokens_in_one_lm_head_chunk():
+    """Like a real micro-batch, where the prompt is most of an episode, the probe scores the last quarter of each
+    row's tokens: its logits fit one lm_head chunk (no recompute) and do not raise the run's peak memory."""
+    from ctu.train.gradient_probe import micro_batch_gradients
+    from ctu.train.logprobs import LOGIT_BUDGET_ATTR
+
+    torch.manual_seed(0)
+    model = load_model("tiny-random", dtype=torch.float32)
+    vocab = model.get_output_embeddings().out_features
+    tokens = 256
+    setattr(model, LOGIT_BUDGET_ATTR, tokens * vocab // 2)  # half the micro-batch's logits: one chunk must do
+    rows = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda _m, args, _o: rows.append(args[0].shape[:2]))
+    try:
+        micro_batch_gradients(model, tokens)()
+    finally:
+        hook.remove()
+        delattr(model, LOGIT_BUDGET_ATTR)
+    assert len(rows) == 1  # one chunk, kept for backward
+    assert rows[0][0] * rows[0][1] <= tokens // 2
+
+
 def test_refresh_is_not_fooled_by_a_count_sharing_lowered(monkeypatch):
     from ctu.engines import cpu_threads
 

@@ -140,3 +140,41 @@ def test_build_policy_gives_the_model_trainer_logit_chunk_mib():
     assert getattr(default.model, LOGIT_BUDGET_ATTR) == LOGIT_BUDGET  # 128 MiB of fp32 logits
     small = build_policy(load_config(None, ["model.path=tiny-random", "trainer.logit_chunk_mib=32"]), device="cpu")
     assert getattr(small.model, LOGIT_BUDGET_ATTR) == 32 * 2**20 // 4
+
+
+def saved_logit_elements(model, ids, attn, needed, chunk):
+    """(lm_head calls over one forward and backward, fp32 vocab-sized elements autograd saves for backward, each
+    tensor counted once however many ops save it)."""
+    calls, saved = [0], {}
+
+    def count(*_):
+        calls[0] += 1
+
+    def pack(t):
+        if t.dtype == torch.float32 and t.dim() >= 3 and t.shape[-1] == VOCAB:
+            saved[t.untyped_storage().data_ptr()] = t.numel()
+        return t
+
+    hook = model.get_output_embeddings().register_forward_hook(count)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            lp, ent = token_logprobs(model, ids, attn, with_entropy=True, needed=needed, chunk=chunk)
+        grads_of(model, ((lp - 0.1 * ent) * needed).sum())
+    finally:
+        hook.remove()
+    return calls[0], sum(saved.values())
+
+
+def test_one_chunk_keeps_its_logits_for_backward_and_several_recompute_theirs(model):
+    """Recomputing a chunk's logits in backward only bounds memory when there are several chunks: with one, its
+    backward holds as much either way, so it keeps them (one lm_head call, not two, for the same gradients);
+    with several, each backward recomputes its own and nothing vocab-sized is kept between them."""
+    ids, attn, needed = batch(prefix=24, suffixes=(60, 70, 65))
+    rows, positions = ids.shape[0], int(needed.any(0).sum())
+    calls, saved = saved_logit_elements(model, ids, attn, needed, chunk=positions)
+    assert calls == 1
+    assert saved <= 2 * rows * positions * VOCAB  # the chunk's log-softmax and its exp (the entropy)
+    calls, saved = saved_logit_elements(model, ids, attn, needed, chunk=8)
+    chunks = -(-positions // 8)
+    assert calls == 2 * chunks
+    assert saved <= 2 * rows * 8 * VOCAB  # the recompute's own, one chunk at a time

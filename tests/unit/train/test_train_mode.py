@@ -38,9 +38,11 @@ def saved_elements(path, checkpointing: bool) -> tuple[int, dict]:
 
     config, policy, opt, sched = setup(path, f"trainer.gradient_checkpointing={str(checkpointing).lower()}")
     count = [0]
+    vocab = policy.model.get_output_embeddings().out_features
 
-    def pack(t):
-        count[0] += t.numel()
+    def pack(t):  # the decoder's activations: not the lm_head chunk's logits, kept alike either way
+        if t.dim() == 0 or t.shape[-1] != vocab:
+            count[0] += t.numel()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
