@@ -76,8 +76,8 @@ def choose(affinity: int, quota: float | None, env: Mapping[str, str]) -> Choice
         share = mode != "fixed" and (quota is None or quota >= affinity)  # under a binding quota it is the share
         share_training = share and mode == "share"
         fewer = "; fewer while other programs are busy" if share_training else (
-            "; fewer while other programs are busy: for generation, and for the updates where their gradients come"
-            " out the same" if share else "")
+            "; fewer while other programs are busy, for generation and for the updates each where fewer give the"
+            " same bits (checked once)" if share else "")
         thread_part = f"threads: {threads} ({where}{fewer})"
     kept = [f"{name}={env[name]}" for name in USER_WAIT_VARS if env.get(name, "").strip()]
     if kept:
@@ -171,7 +171,7 @@ def checked(kind: str) -> bool:
     return kind in _invariant or _share is None or _share.training or _share.cap < 2
 
 
-WHAT = {"generation": ("generation", "a decode's tokens and logprobs"),
+WHAT = {"generation": ("generation", "a decode's tokens and logprobs, its products at every batch size"),
         "training": ("the updates", "one micro-batch's gradients")}
 
 

@@ -247,24 +247,16 @@ class HFEngine(Engine):
 
     def _check_sharing(self) -> None:
         """Once per process: whether this engine's decode gives the same tokens and logprobs with fewer threads, so
-        that generation may share the CPUs (:func:`ctu.engines.cpu_threads.check`): a full batch of random prompts
-        of different lengths, 6 sampled tokens each, by the engine's own prefill and decode steps."""
+        that generation may share the CPUs (:func:`ctu.engines.cpu_threads.check`, what it runs:
+        :func:`ctu.engines.share_probe.decode_probe`)."""
         if cpu_threads.checked("generation"):
             return
-        g = torch.Generator().manual_seed(0)
-        vocab = next(m for m in self._net.modules() if isinstance(m, torch.nn.Embedding)).num_embeddings
-        prompts = [torch.randint(3, vocab, (8 + 3 * i,), generator=g).tolist() for i in range(self.max_batch_size)]
-        params = SamplingParams(max_tokens=6, temperature=1.0, seed=0)
-
-        def decode() -> list[torch.Tensor]:
-            out, _ = self._generate_batch(prompts, params, torch.Generator(device=self.device).manual_seed(0))
-            return [torch.tensor([t for c in out for t in c.token_ids]),
-                    torch.tensor([x for c in out for x in c.logprobs], dtype=torch.float64)]
+        from ctu.engines.share_probe import decode_probe
 
         store, steps = self.kv_store, self.decode_steps
         self.kv_store = None  # the probe's prompts are not kept for reuse
         try:
-            line = cpu_threads.check("generation", decode)
+            line = cpu_threads.check("generation", decode_probe(self))
         finally:
             self.kv_store, self.decode_steps = store, steps
         if line:

@@ -123,6 +123,38 @@ def test_generation_beside_busy_programs_shares_only_where_fewer_threads_give_th
     assert torch.get_num_threads() == 2  # the trainer's thread kept its count
 
 
+@pytest.mark.parametrize("differ", [(5, 6, 7), ()])
+def test_generation_keeps_its_threads_where_fewer_change_a_smaller_batchs_products(engine, monkeypatch, differ):
+    """As MKL on a Zen 3 EPYC: fp32 products of 5-7 rows sum in another order on fewer threads, those of 16 rows do
+    not. A decode's batch shrinks as its rows finish, so the check must see every row count, not only a full
+    batch's (a check of the full batch alone let generation share there, and a seed's numbers changed)."""
+    from ctu.engines import cpu_threads
+
+    real = torch.nn.functional.linear
+
+    count = [2]  # the thread count the check sets, kept apart: this CPU's own kernels run alike on every count
+
+    def blas(x, w, b=None):
+        y = real(x, w, b)
+        if x.numel() // x.shape[-1] in differ and count[0] < 2:
+            y = torch.nextafter(y, torch.full_like(y, float("inf")))  # the last bit
+        return y
+
+    monkeypatch.setattr(torch.nn.functional, "linear", blas)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: count.__setitem__(0, n))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: count[0])
+    monkeypatch.setattr(cpu_threads, "_share", Busy(2))
+    monkeypatch.setattr(cpu_threads, "_invariant", {})
+    engine._net = engine.model
+    try:
+        with torch.no_grad():
+            engine._check_sharing()
+    finally:
+        engine._net = None
+    assert cpu_threads._invariant == {"generation": not differ}
+    assert (cpu_threads.generation_share() is None) == bool(differ)
+
+
 def test_generation_shares_anyway_when_the_user_says_so(engine, monkeypatch):
     from ctu.engines import cpu_threads
 
