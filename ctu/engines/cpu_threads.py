@@ -146,6 +146,19 @@ def apply(environ: MutableMapping[str, str] | None = None) -> Choice:
     return choice
 
 
+def own_threads() -> None:
+    """In a thread about to compute: torch's thread count at this run's full count, where ctu sets it. A thread
+    takes the count torch was last given, in any thread, when it first computes: after an update that shared the
+    CPUs it would be 1, so generation that must keep its threads (:func:`check`) sets its own."""
+    if _applied is None or not _applied.set_threads:
+        return
+    import torch
+
+    full = _share.cap if _share is not None else _applied.threads
+    if torch.get_num_threads() != full:
+        torch.set_num_threads(full)
+
+
 def generation_share() -> Share | None:
     """What generation asks, between decode steps, for its thread count: the share where fewer threads give a
     decode the same tokens and logprobs (:func:`check`) or where the user let it share anyway; None, and the count is fixed,

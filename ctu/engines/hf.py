@@ -213,6 +213,7 @@ class HFEngine(Engine):
                     if self.device.type == "cpu":
                         self._check_sharing()
                         self._share = cpu_threads.generation_share()
+                        cpu_threads.own_threads()  # not the count a shared update left
                         cpu_share.pace(self._share)
                     for start in range(0, len(pending), self.max_batch_size):
                         if interruptible and self._pending_loads:

@@ -77,15 +77,16 @@ def engine():
     return HFEngine(load_model("tiny-random"), load_tokenizer("tiny-random"), max_batch_size=8)
 
 
-def generate(engine, share, monkeypatch):
+def generate(engine, share, monkeypatch, check=True):
     """Two prompts, 2 samples each, generated in another thread with ``share`` as the process's share (its sharing
     check run first, so that its forwards are not counted); the tokens and logprobs, and each forward's threads."""
     from ctu.engines import cpu_threads
 
-    monkeypatch.setattr(cpu_threads, "_share", share)
-    monkeypatch.setattr(cpu_threads, "_invariant", {})
-    engine._net = engine.model
-    engine._check_sharing()
+    if check:
+        monkeypatch.setattr(cpu_threads, "_share", share)
+        monkeypatch.setattr(cpu_threads, "_invariant", {})
+        engine._net = engine.model
+        engine._check_sharing()
     seen: list[int] = []
     hook = engine.model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
     out: list = []
@@ -153,6 +154,27 @@ def test_generation_keeps_its_threads_where_fewer_change_a_smaller_batchs_produc
         engine._net = None
     assert cpu_threads._invariant == {"generation": not differ}
     assert (cpu_threads.generation_share() is None) == bool(differ)
+
+
+def test_generation_that_keeps_its_threads_keeps_them_after_an_update_shared(engine, monkeypatch):
+    """A shared update leaves torch's last-set count at 1, and a thread that first computes after it (asyncio's
+    workers, new each rollout) would take that count: generation that must keep its threads (its decode differs on
+    fewer) decoded on 1 thread beside busy programs, and sampled other tokens than alone."""
+    from ctu.engines import cpu_threads
+
+    monkeypatch.setattr(cpu_threads, "_applied", cpu_threads.choose(2, None, {}))
+    torch.set_num_threads(2)
+    fixed, _ = generate(engine, None, monkeypatch)
+    monkeypatch.setattr(cpu_threads, "_invariant", {"generation": False, "training": True})
+    monkeypatch.setattr(cpu_threads, "checked", lambda kind: True)
+    monkeypatch.setattr(cpu_threads, "_share", Share(2))
+    torch.set_num_threads(1)  # what an update beside a busy program leaves
+    try:
+        after, threads = generate(engine, cpu_threads._share, monkeypatch, check=False)
+    finally:
+        torch.set_num_threads(2)
+    assert set(threads) == {2}
+    assert after == fixed
 
 
 def test_generation_shares_anyway_when_the_user_says_so(engine, monkeypatch):
