@@ -24,11 +24,17 @@ from typing import Any
 import torch
 
 from ctu.engines import cpu_threads
-from ctu.engines.cpu_share import pace
+from ctu.engines.cpu_share import pace_training
 from ctu.engines.cpu_threads import training_share
 from ctu.train.update import Sample
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
+
+
+def rows(args) -> int:
+    """The rows a forward hook's module computes on: token ids' count (the embeddings), or its input's vectors."""
+    x = args[0]
+    return x.numel() if not x.is_floating_point() else x.numel() // max(1, x.shape[-1])
 
 
 class TrainerRankError(RuntimeError):
@@ -162,7 +168,11 @@ class LocalTrainer(TrainerGroup):
         self.model = self.policy.model  # an in-process hf engine shares it (no sync needed)
         self.optimizer, self.scheduler = build_optimizer(self.policy, config.trainer)
         if self.policy.device.type == "cpu":  # each forward (a micro-batch): fewer threads beside busy programs
-            self.model.get_input_embeddings().register_forward_pre_hook(lambda *_: pace(training_share()))
+            self.model.get_input_embeddings().register_forward_pre_hook(
+                lambda _m, args: pace_training(training_share(), cpu_threads.keeps("training", "body", rows(args))))
+            self.model.get_output_embeddings().register_forward_pre_hook(
+                lambda _m, args: pace_training(training_share(), cpu_threads.keeps("training", "head", rows(args)),
+                                               body=False))
 
     @property
     def world_size(self) -> int:

@@ -12,14 +12,16 @@ Samples are taken between decode steps at most once a second; nothing is read wh
 
 Generation changes its thread count in the thread that generates (torch keeps the OpenMP thread count per thread
 once it has computed), the warm start and the updates before each forward pass; each only where fewer threads give
-it bit for bit the same results on this CPU and model (the logits, one micro-batch's gradients: checked once per
-run, :func:`ctu.engines.cpu_threads.check`). Where they do not (a BLAS that splits a product's sums by thread for
+it bit for bit the same results on this CPU and model (a decode and its products at every batch size; a
+micro-batch's gradients and its layers' products at token counts up to its size: checked once per run,
+:func:`ctu.engines.cpu_threads.check`). Where they do not (a BLAS that splits a product's sums by thread for
 some shapes), it keeps its threads, so that a seed's numbers do not depend on what else runs.
 ``CTU_CPU_THREADS=share`` lets both share regardless.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -105,7 +107,8 @@ class Share:
     def __init__(self, cap: int, sampler=sample, training: bool = False) -> None:
         self.cap = max(1, cap)
         self.training = training  # the updates share too, whatever their gradients (CTU_CPU_THREADS=share)
-        self.updates_share = training  # the updates share (also where fewer threads gave them the same gradients)
+        # what shares: "generation" and "training" (the updates), each where fewer threads gave the same bits
+        self.sharing = {"generation": training, "training": training}
         self.threads = self.cap
         self.others = 0.0
         self._sampler = sampler
@@ -138,8 +141,42 @@ class Share:
             self._noted = now
             why = (f"other programs keep {self.others:.1f} of {self.cap} CPUs busy" if threads < self.cap
                    else "the other programs' CPUs came free")
-            where, keep = ("", "") if self.updates_share else (" for generation", f"; updates keep {self.cap}")
+            where, keep = "", ""
+            if self.sharing["generation"] != self.sharing["training"]:
+                where, keep = ((" for generation", f"; the updates keep {self.cap}") if self.sharing["generation"]
+                               else (" for the updates", f"; generation keeps {self.cap}"))
             return threads, f"threads: {threads}{where} now ({why}{keep})"
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def generating():
+    """While this thread generates: forwards of a model the trainer shares ask generation's share, not the updates'
+    (:func:`pace_training` does nothing here)."""
+    before = getattr(_local, "generating", False)
+    _local.generating = True
+    try:
+        yield
+    finally:
+        _local.generating = before
+
+
+def pace_training(share: Share | None, keep: bool = False, body: bool = True) -> None:
+    """Before a trainer pass's products (hooks on the policy's embeddings, ``body``, and on its LM head): :func:`pace`
+    with the updates' share, or the full count where ``keep`` (products of this size differ with fewer threads);
+    the LM head's hook only raises the count (its backward, and the body's after it, run at the count set last).
+    Nothing while this thread is generating with that model (an in-process engine), which paces itself."""
+    if share is None or getattr(_local, "generating", False):
+        return
+    if keep:
+        import torch
+
+        if torch.get_num_threads() != share.cap:
+            torch.set_num_threads(share.cap)
+    elif body:
+        pace(share)
 
 
 def pace(share: Share | None) -> None:

@@ -123,6 +123,9 @@ _share: Share | None = None
 _late = False  # torch was loaded before apply: its OpenMP waits could not be set
 _announced = False
 _invariant: dict[str, bool] = {}  # kind -> fewer threads give the same results (missing: not checked yet)
+# kind -> where ("body", "head") -> token-count ranges [lo, hi) whose products differ with fewer threads: passes with
+# such a product keep their threads while the kind shares otherwise
+_differ_at: dict[str, dict[str, list[tuple[int, int]]]] = {}
 
 
 def apply(environ: MutableMapping[str, str] | None = None) -> Choice:
@@ -143,6 +146,7 @@ def apply(environ: MutableMapping[str, str] | None = None) -> Choice:
     _applied = choice
     _share = Share(choice.threads, training=choice.share_training) if choice.share else None
     _invariant = {}
+    _differ_at.clear()
     return choice
 
 
@@ -185,7 +189,7 @@ def checked(kind: str) -> bool:
 
 
 WHAT = {"generation": ("generation", "a decode's tokens and logprobs, its products at every batch size"),
-        "training": ("the updates", "one micro-batch's gradients")}
+        "training": ("the updates", "a micro-batch's gradients, its layers' products at token counts to its size")}
 
 
 def _counts(ns: Sequence[int]) -> str:
@@ -206,28 +210,59 @@ def check(kind: str, compute: Callable[[], Sequence[Any]]) -> str | None:
 
     before = torch.get_num_threads()
     counts = sorted({1, 2, _share.cap // 2, _share.cap - 1} & set(range(1, _share.cap)))
-    differ = []
+    labels = getattr(compute, "labels", None)  # per tensor: None (the whole pass) or (where, token count)
+    differ: list[int] = []
+    sized: set[tuple[str, int]] = set()
     try:
         torch.set_num_threads(_share.cap)
         full = [t.detach().clone() for t in compute()]
         for n in counts:
             torch.set_num_threads(n)
             got = compute()
-            if len(got) != len(full) or not all(torch.equal(a, b) for a, b in zip(full, got, strict=False)):
+            bad = ({None} if len(got) != len(full) else
+                   {labels[i] if labels else None for i, (a, b) in enumerate(zip(full, got, strict=True))
+                    if not torch.equal(a, b)})
+            if None in bad:
                 differ.append(n)
+            sized |= {b for b in bad if b is not None}
     finally:
         torch.set_num_threads(before)
-    _invariant[kind] = not differ
-    if kind == "training":
-        _share.updates_share = not differ
+    _invariant[kind] = _share.sharing[kind] = not differ
+    _differ_at[kind] = differing_ranges(sized, labels or [])
     who, what = WHAT[kind]
     if not differ:
         verb = "shares" if kind == "generation" else "share"
+        but = "; ".join(f"{where} products of {', '.join(f'{lo}-{hi - 1}' if hi - lo > 1 else str(lo) for lo, hi in r)}"
+                        f" tokens differ, passes with them keep {_share.cap}" for where, r in _differ_at[kind].items())
         return (f"threads: {who} {verb} the CPUs while other programs are busy ({what} on {_counts(counts)} and "
-                f"{_share.cap}: the same bits)")
+                f"{_share.cap}: the same bits{'; except: ' + but if but else ''})")
     keep = "keeps" if kind == "generation" else "keep"
     return (f"threads: {who} {keep} {_share.cap} ({what} on {_counts(differ)} differ from {_share.cap}'s in the last "
             f"bits on this CPU: a seed's numbers would depend on what else runs; {OFF_VAR}=share to share anyway)")
+
+
+def differing_ranges(sized: set, labels: Sequence) -> dict[str, list[tuple[int, int]]]:
+    """For each place ("body", "head"), the token-count ranges [lo, hi) that may differ: each differing count probed
+    and every count between it and its nearest probed counts that agreed (the probe samples larger counts)."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for where in sorted({w for w, _ in sized}):
+        probed = sorted({n for label in labels if label and label[0] == where for n in [label[1]]})
+        agree = [n for n in probed if (where, n) not in sized]
+        for n in sorted(n for w, n in sized if w == where):
+            lo = max((a + 1 for a in agree if a < n), default=1)
+            hi = min((a for a in agree if a > n), default=1 << 62)
+            ranges = out.setdefault(where, [])
+            if ranges and ranges[-1][1] >= lo:
+                ranges[-1] = (ranges[-1][0], max(ranges[-1][1], hi))
+            else:
+                ranges.append((lo, hi))
+    return out
+
+
+def keeps(kind: str, where: str, tokens: int) -> bool:
+    """Whether a pass of ``kind`` whose ``where`` products ("body": the decoder's, "head": the LM head's) run on
+    ``tokens`` rows must keep its threads though the kind shares (:func:`check` found such products differ)."""
+    return any(lo <= tokens < hi for lo, hi in _differ_at.get(kind, {}).get(where, ()))
 
 
 def note() -> str | None:
@@ -253,7 +288,9 @@ def refresh() -> int | None:
     _applied = dataclasses.replace(_applied, threads=threads)
     torch.set_num_threads(threads)
     _invariant = {}  # other counts now: checked again before the next pass
+    _differ_at.clear()
     if _share is not None:
         _share.cap = _share.threads = threads
+        _share.sharing = dict.fromkeys(_share.sharing, _share.training)
     print(f"threads: {threads} now (the CPUs this process may use changed)", flush=True)
     return threads

@@ -209,7 +209,8 @@ class HFEngine(Engine):
                 self._net = self.model  # an outdated decode copy is dropped before the new one is made
                 if self.decode_copy is not None:
                     self._net = self.decode_copy.get(self.model, self._weights_version())
-                with compute_context(self._net):  # the trainer's compute dtype when the policy's model is shared
+                # the trainer's compute dtype when the policy's model is shared; its trainer-pass hook stands aside
+                with compute_context(self._net), cpu_share.generating():
                     if self.device.type == "cpu":
                         self._check_sharing()
                         self._share = cpu_threads.generation_share()

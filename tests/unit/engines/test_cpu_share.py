@@ -60,12 +60,19 @@ def test_share_threads_stays_in_range_settles_in_one_step_and_never_adds_threads
         assert got == cap
 
 
-def test_share_decides_from_successive_samples_and_says_a_change_once(monkeypatch):
+@pytest.mark.parametrize(("generation", "updates", "who"), [
+    (True, False, "threads: 1 for generation now (other programs keep 1.0 of 2 CPUs busy; the updates keep 2)"),
+    (False, True, "threads: 1 for the updates now (other programs keep 1.0 of 2 CPUs busy; generation keeps 2)"),
+    (True, True, "threads: 1 now (other programs keep 1.0 of 2 CPUs busy)")])
+def test_share_decides_from_successive_samples_and_says_a_change_once(monkeypatch, generation, updates, who):
+    """The line names what shares: where generation keeps its threads (a Zen 3's MKL) and the updates share, it
+    said "1 for generation now ... updates keep 2", the reverse of what ran."""
     monkeypatch.setattr(cpu_share, "INTERVAL_S", 0.0)
     samples = iter([Sample(0.0, 0.0, 0.0), Sample(1.0, 2.0, 1.0), Sample(2.0, 4.0, 2.0), Sample(3.0, 4.9, 2.9)])
     share = Share(2, sampler=lambda: next(samples))  # its first sample: when the process chose its threads
+    share.sharing.update(generation=generation, training=updates)  # what the checks found
     threads, line = share.decide()  # the others took 1 CPU
-    assert threads == 1 and line == "threads: 1 for generation now (other programs keep 1.0 of 2 CPUs busy; updates keep 2)"
+    assert threads == 1 and line == who
     assert share.decide() == (1, None)
     assert share.decide() == (2, None)  # free again: taken back (said at most once a minute)
     assert share.changes == 2
@@ -293,7 +300,7 @@ def test_the_probe_leaves_grads_and_random_state_alone():
     grads = micro_batch_gradients(model, 64)()
     assert torch.equal(torch.get_rng_state(), state)
     assert all(p.grad is None for p in model.parameters())
-    assert len(grads) == 1 and grads[0].abs().sum() > 0
+    assert grads[0].shape == model.get_output_embeddings().weight.shape and grads[0].abs().sum() > 0
 
 
 def test_the_probe_scores_an_episodes_share_of_its_tokens_in_one_lm_head_chunk():
@@ -308,7 +315,8 @@ def test_the_probe_scores_an_episodes_share_of_its_tokens_in_one_lm_head_chunk()
     tokens = 256
     setattr(model, LOGIT_BUDGET_ATTR, tokens * vocab // 2)  # half the micro-batch's logits: one chunk must do
     rows = []
-    hook = model.get_output_embeddings().register_forward_hook(lambda _m, args, _o: rows.append(args[0].shape[:2]))
+    hook = model.get_output_embeddings().register_forward_hook(
+        lambda _m, args, _o: rows.append(args[0].shape[:2]) if args[0].dim() == 3 else None)  # (not the layer sweep)
     try:
         micro_batch_gradients(model, tokens)()
     finally:
@@ -316,6 +324,22 @@ def test_the_probe_scores_an_episodes_share_of_its_tokens_in_one_lm_head_chunk()
         delattr(model, LOGIT_BUDGET_ATTR)
     assert len(rows) == 1  # one chunk, kept for backward
     assert rows[0][0] * rows[0][1] <= tokens // 2
+
+
+def test_the_probes_whole_pass_holds_half_a_micro_batchs_activations():
+    """At the run's full micro-batch the probe's activations were the quickstart's largest (peak RSS 3.73 GiB
+    against below 3 without it, AVX2 EPYC); the products of larger token counts run in its layer sweep."""
+    from ctu.train.gradient_probe import micro_batch_gradients
+
+    torch.manual_seed(0)
+    model = load_model("tiny-random", dtype=torch.float32)
+    seen = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda _m, args, _o: seen.append(args[0].numel()))
+    try:
+        micro_batch_gradients(model, 256)()
+    finally:
+        hook.remove()
+    assert seen and max(seen) <= 128
 
 
 def test_refresh_is_not_fooled_by_a_count_sharing_lowered(monkeypatch):
@@ -329,4 +353,120 @@ def test_refresh_is_not_fooled_by_a_count_sharing_lowered(monkeypatch):
         assert cpu_threads.refresh() is None  # the CPUs this process may use did not change
         assert torch.get_num_threads() == 1
     finally:
+        torch.set_num_threads(2)
+
+
+@pytest.mark.parametrize("differ", [(37,), (5, 6, 7), ()])
+def test_the_updates_keep_their_threads_where_fewer_change_another_micro_batch_sizes_products(monkeypatch, differ):
+    """A micro-batch's rows x width is whatever its episodes' lengths make it (mostly one row of ~520 tokens in the
+    quickstart), and a BLAS may split the sums of some token counts' products by thread only (MKL on a Zen 3 EPYC:
+    5-7 and 9-11 rows). A check of the run's full micro-batch alone (2 x 32 tokens here) let the updates share where
+    a smaller one's products, forward or backward, change on fewer threads."""
+    from ctu.config.schema import load_config
+    from ctu.engines import cpu_threads
+    from ctu.train.gradient_probe import micro_batch_gradients
+    from ctu.train.policy import build_policy
+
+    torch.manual_seed(0)
+    policy = build_policy(load_config(None, ["model.path=tiny-random"]), device="cpu")
+    real = torch.nn.functional.linear
+    count = [4]  # the thread count the check sets, kept apart: this CPU's own kernels run alike on every count
+
+    def blas(x, w, b=None):
+        y = real(x, w, b)
+        if x.numel() // x.shape[-1] in differ and count[0] < 4:
+            y = torch.nextafter(y, torch.full_like(y, float("inf")))  # the last bit
+        return y
+
+    monkeypatch.setattr(torch.nn.functional, "linear", blas)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: count.__setitem__(0, n))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: count[0])
+    line, share = _check(monkeypatch, micro_batch_gradients(policy.model, 64))
+    # they share, but a pass with products of a differing size keeps its threads
+    assert cpu_threads._invariant == {"training": True} and share is not None
+    ranges = cpu_threads._differ_at["training"]
+    if differ:
+        assert ranges["body"] == [(differ[0], differ[-1] + 1)] and "except: body products of" in line
+        assert all(cpu_threads.keeps("training", "body", n) for n in differ)
+        assert not cpu_threads.keeps("training", "body", differ[-1] + 1)
+        assert not cpu_threads.keeps("training", "body", differ[0] - 1)
+    else:
+        assert ranges == {} and "except" not in line
+
+
+def test_a_pass_with_products_of_a_differing_size_keeps_its_threads(monkeypatch):
+    """Where the check found products of 5-7 tokens differ with fewer threads (a Zen 3's MKL), a micro-batch of 6
+    tokens, or one whose LM head scores 6 positions, keeps its threads beside a busy program; others share."""
+    from ctu.config.schema import load_config
+    from ctu.distributed.group import LocalTrainer
+    from ctu.engines import cpu_threads
+
+    torch.manual_seed(0)
+    trainer = LocalTrainer(load_config(None, ["model.path=tiny-random"]), device="cpu")
+    monkeypatch.setattr(cpu_threads, "_invariant", {"training": True})
+    monkeypatch.setattr(cpu_threads, "_differ_at", {"training": {"body": [(5, 8)], "head": [(5, 8)]}})
+    monkeypatch.setattr(cpu_threads, "_share", Busy(2))
+    seen: list[int] = []  # the count the LM head's products and everything after run at
+    hook = trainer.model.get_output_embeddings().register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+    head = trainer.model.get_output_embeddings()
+    try:
+        for ids, expect in (([1] * 6, 2), ([1] * 20, 1)):
+            torch.set_num_threads(2)
+            trainer.model(torch.tensor([ids]))
+            assert seen[-1] == expect
+        torch.set_num_threads(1)  # a body that shared, then a head of 6 positions
+        head(torch.zeros((1, 6, head.in_features)))
+        assert seen[-1] == 2
+        head(torch.zeros((1, 20, head.in_features)))  # the head never lowers the body's count
+        assert seen[-1] == 2
+    finally:
+        hook.remove()
+        torch.set_num_threads(2)
+
+
+def test_the_probe_runs_each_distinct_layer_on_every_small_count_and_spaced_larger_ones():
+    from ctu.config.schema import load_config
+    from ctu.train.gradient_probe import layers, row_counts
+    from ctu.train.policy import build_policy
+
+    assert row_counts(10, 64, 1.125) == list(range(1, 11))
+    counts = row_counts(1024, 64, 1.125)
+    assert counts[:64] == list(range(1, 65)) and counts[-1] == 1024
+    assert all(b / a <= 1.13 for a, b in zip(counts[63:], counts[64:], strict=False))
+    torch.manual_seed(0)
+    model = build_policy(load_config(None, ["model.path=tiny-random"]), device="cpu").model
+    picked = layers(model)
+    assert picked[-1] is model.get_output_embeddings()
+    assert all(hasattr(m, "lora_A") for m in picked[:-1])  # the LoRA layers, each with its adapter, once a shape
+    shapes = {tuple(m.base_layer.weight.shape) for m in picked[:-1]}
+    assert len(shapes) == len(picked) - 1
+
+
+def test_generation_with_the_trainers_own_model_keeps_its_threads_where_only_the_updates_share(monkeypatch):
+    """The in-process engine decodes with the trainer's model, whose forwards ask the updates' share for their
+    thread count (a hook on its embeddings): where only the updates share (a Zen 3's MKL), every decode step beside
+    a busy program took 1 thread, though generation's check had found its tokens differ on fewer."""
+    from ctu.config.schema import load_config
+    from ctu.distributed.group import LocalTrainer
+    from ctu.engines import cpu_threads
+
+    torch.manual_seed(0)
+    trainer = LocalTrainer(load_config(None, ["model.path=tiny-random"]), device="cpu")
+    engine = HFEngine(trainer.model, trainer.tokenizer, max_batch_size=8)
+    monkeypatch.setattr(cpu_threads, "_applied", cpu_threads.choose(2, None, {}))
+    monkeypatch.setattr(cpu_threads, "_invariant", {"generation": False, "training": True})
+    monkeypatch.setattr(cpu_threads, "checked", lambda kind: True)
+    monkeypatch.setattr(cpu_threads, "_share", Busy(2))
+    torch.set_num_threads(2)
+    seen: list[int] = []  # each forward's count after the embeddings' hook
+    hook = trainer.model.get_output_embeddings().register_forward_pre_hook(
+        lambda *_: seen.append(torch.get_num_threads()))
+    try:
+        generate(engine, cpu_threads._share, monkeypatch, check=False)
+        assert len(seen) > 3 and set(seen) == {2}
+        seen.clear()
+        trainer.model(torch.tensor([[1, 5, 9]]))  # a trainer pass still shares
+        assert seen == [1]
+    finally:
+        hook.remove()
         torch.set_num_threads(2)
