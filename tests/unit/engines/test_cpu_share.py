@@ -131,6 +131,23 @@ def test_generation_beside_busy_programs_shares_only_where_fewer_threads_give_th
     assert torch.get_num_threads() == 2  # the trainer's thread kept its count
 
 
+def virtual_blas(monkeypatch, differ, full: int) -> None:
+    """A BLAS whose products of ``differ`` rows change their last bit on fewer than ``full`` threads, the thread
+    counts kept apart from torch's: this CPU's own kernels run alike on every count."""
+    real = torch.nn.functional.linear
+    count = [full]
+
+    def blas(x, w, b=None):
+        y = real(x, w, b)
+        if x.numel() // x.shape[-1] in differ and count[0] < full:
+            y = torch.nextafter(y, torch.full_like(y, float("inf")))  # the last bit
+        return y
+
+    monkeypatch.setattr(torch.nn.functional, "linear", blas)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: count.__setitem__(0, n))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: count[0])
+
+
 @pytest.mark.parametrize("differ", [(5, 6, 7), ()])
 def test_generation_keeps_its_threads_where_fewer_change_a_smaller_batchs_products(engine, monkeypatch, differ):
     """As MKL on a Zen 3 EPYC: fp32 products of 5-7 rows sum in another order on fewer threads, those of 16 rows do
@@ -138,19 +155,7 @@ def test_generation_keeps_its_threads_where_fewer_change_a_smaller_batchs_produc
     batch's (a check of the full batch alone let generation share there, and a seed's numbers changed)."""
     from ctu.engines import cpu_threads
 
-    real = torch.nn.functional.linear
-
-    count = [2]  # the thread count the check sets, kept apart: this CPU's own kernels run alike on every count
-
-    def blas(x, w, b=None):
-        y = real(x, w, b)
-        if x.numel() // x.shape[-1] in differ and count[0] < 2:
-            y = torch.nextafter(y, torch.full_like(y, float("inf")))  # the last bit
-        return y
-
-    monkeypatch.setattr(torch.nn.functional, "linear", blas)
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: count.__setitem__(0, n))
-    monkeypatch.setattr(torch, "get_num_threads", lambda: count[0])
+    virtual_blas(monkeypatch, differ, 2)
     monkeypatch.setattr(cpu_threads, "_share", Busy(2))
     monkeypatch.setattr(cpu_threads, "_invariant", {})
     engine._net = engine.model
@@ -369,18 +374,7 @@ def test_the_updates_keep_their_threads_where_fewer_change_another_micro_batch_s
 
     torch.manual_seed(0)
     policy = build_policy(load_config(None, ["model.path=tiny-random"]), device="cpu")
-    real = torch.nn.functional.linear
-    count = [4]  # the thread count the check sets, kept apart: this CPU's own kernels run alike on every count
-
-    def blas(x, w, b=None):
-        y = real(x, w, b)
-        if x.numel() // x.shape[-1] in differ and count[0] < 4:
-            y = torch.nextafter(y, torch.full_like(y, float("inf")))  # the last bit
-        return y
-
-    monkeypatch.setattr(torch.nn.functional, "linear", blas)
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: count.__setitem__(0, n))
-    monkeypatch.setattr(torch, "get_num_threads", lambda: count[0])
+    virtual_blas(monkeypatch, differ, 4)
     line, share = _check(monkeypatch, micro_batch_gradients(policy.model, 64))
     # they share, but a pass with products of a differing size keeps its threads
     assert cpu_threads._invariant == {"training": True} and share is not None
