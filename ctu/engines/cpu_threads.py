@@ -232,8 +232,8 @@ def check(kind: str, compute: Callable[[], Sequence[Any]]) -> str | None:
     who, what = WHAT[kind]
     if not differ:
         verb = "shares" if kind == "generation" else "share"
-        but = "; ".join(f"{where} products of {', '.join(f'{lo}-{hi - 1}' if hi - lo > 1 else str(lo) for lo, hi in r)}"
-                        f" tokens differ, passes with them keep {_share.cap}" for where, r in _differ_at[kind].items())
+        but = "; ".join(f"{where} products of {_spans(r)} tokens differ, passes with them keep {_share.cap}"
+                        for where, r in _differ_at[kind].items())
         return (f"threads: {who} {verb} the CPUs while other programs are busy ({what} on {_counts(counts)} and "
                 f"{_share.cap}: the same bits{'; except: ' + but if but else ''})")
     keep = "keeps" if kind == "generation" else "keep"
@@ -241,13 +241,16 @@ def check(kind: str, compute: Callable[[], Sequence[Any]]) -> str | None:
             f"bits on this CPU: a seed's numbers would depend on what else runs; {OFF_VAR}=share to share anyway)")
 
 
+def _spans(ranges: Sequence[tuple[int, int]]) -> str:
+    return ", ".join(f"{lo}-{hi - 1}" if hi - lo > 1 else str(lo) for lo, hi in ranges)
+
+
 def differing_ranges(sized: set, labels: Sequence) -> dict[str, list[tuple[int, int]]]:
     """For each place ("body", "head"), the token-count ranges [lo, hi) that may differ: each differing count probed
     and every count between it and its nearest probed counts that agreed (the probe samples larger counts)."""
     out: dict[str, list[tuple[int, int]]] = {}
     for where in sorted({w for w, _ in sized}):
-        probed = sorted({n for label in labels if label and label[0] == where for n in [label[1]]})
-        agree = [n for n in probed if (where, n) not in sized]
+        agree = {label[1] for label in labels if label and label[0] == where} - {n for w, n in sized if w == where}
         for n in sorted(n for w, n in sized if w == where):
             lo = max((a + 1 for a in agree if a < n), default=1)
             hi = min((a for a in agree if a > n), default=1 << 62)
