@@ -109,6 +109,8 @@ def main() -> None:
     ap.add_argument("--no-final-eval", action="store_true", help="evaluate only after the --evals steps")
     ap.add_argument("--logit-budget", type=int, help="fp32 logit elements per lm_head chunk in the trainer's passes "
                     "(ctu.train.logprobs.LOGIT_BUDGET)")
+    ap.add_argument("--save", help="keep the trained weights here (.pt, with a .json beside it), as a cache the other "
+                    "benchmarks read (e.g. benchmarks/decision_point.py --cache)")
     ap.add_argument("--phase-rss", action="store_true",
                     help="print each step's peak RSS by phase (rollout, update) as well (Linux)")
     ap.add_argument("--bf16-matmuls-in-fp32", action="store_true",
@@ -173,6 +175,13 @@ def run(args: argparse.Namespace) -> None:
             e = success(trainer, f"step_{step}")
             print(f"after {step} steps: {e['success']:.3f} (95% CI {e['ci']}), change {e['success'] - start['success']:+.3f}; "
                   f"{per_kind(e['tasks'], kinds)}", flush=True)
+    if args.save:
+        path = Path(args.save)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": snapshot(trainer), "rebased": trainer.policy.reference_state()}, path)
+        path.with_suffix(".json").write_text(json.dumps({"from": args.cache, "steps": args.steps,
+                                                         "overrides": args.overrides}))
+        print(f"weights after {args.steps} steps: {path}", flush=True)
 
 
 if __name__ == "__main__":
