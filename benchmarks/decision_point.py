@@ -49,11 +49,11 @@ def decision(model, sample, temperature: float) -> dict:
     ids = torch.tensor([sample.ids])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].float()
-    logp = torch.log_softmax(logits, dim=-1)
+    logp = torch.log_softmax(logits[at:end], dim=-1)  # the deciding turn's positions only
     token = sample.ids[at + 1]
-    turn = float(sum(logp[i, sample.ids[i + 1]] for i in range(at, end)))
+    turn = float(logp[torch.arange(end - at), torch.tensor(sample.ids[at + 1:end + 1])].sum())
     tempered = torch.log_softmax(logits[at] / temperature, dim=-1)
-    return {"token": token, "p": math.exp(float(logp[at, token])), "p_tempered": math.exp(float(tempered[token])),
+    return {"token": token, "p": math.exp(float(logp[0, token])), "p_tempered": math.exp(float(tempered[token])),
             "turn_logp": turn, "turn_tokens": end - at, "top": int(logits[at].argmax())}
 
 

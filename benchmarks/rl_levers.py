@@ -74,6 +74,14 @@ class PhasePeaks:
         return f"peak RSS by phase (GiB): {text}; run {self.overall:.2f}"
 
 
+def save_cache(trainer: Trainer, cache: Path, about: dict) -> None:
+    """The policy's weights (and its KL reference) at ``cache``, ``about`` beside it as JSON: what
+    :func:`from_cache` reads."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": snapshot(trainer), "rebased": trainer.policy.reference_state()}, cache)
+    cache.with_suffix(".json").write_text(json.dumps(about))
+
+
 def from_cache(trainer: Trainer, cache: Path) -> dict:
     """The warm start's weights from ``cache`` (made there first if missing) and its evaluation; the engine synced."""
     if cache.exists():
@@ -86,9 +94,7 @@ def from_cache(trainer: Trainer, cache: Path) -> dict:
         began = time.perf_counter()
         trainer.warm_start()  # trainer.sft_data or the gold demos (less trainer.sft_exclude), as ctu train
         start = {"warm_start_s": time.perf_counter() - began, **success(trainer, "warm_start")}
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": snapshot(trainer), "rebased": trainer.policy.reference_state()}, cache)
-        cache.with_suffix(".json").write_text(json.dumps(start))
+        save_cache(trainer, cache, start)
     trainer.sync.base_changed = True
     trainer.sync_weights()
     return start
@@ -176,12 +182,8 @@ def run(args: argparse.Namespace) -> None:
             print(f"after {step} steps: {e['success']:.3f} (95% CI {e['ci']}), change {e['success'] - start['success']:+.3f}; "
                   f"{per_kind(e['tasks'], kinds)}", flush=True)
     if args.save:
-        path = Path(args.save)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": snapshot(trainer), "rebased": trainer.policy.reference_state()}, path)
-        path.with_suffix(".json").write_text(json.dumps({"from": args.cache, "steps": args.steps,
-                                                         "overrides": args.overrides}))
-        print(f"weights after {args.steps} steps: {path}", flush=True)
+        save_cache(trainer, Path(args.save), {"from": args.cache, "steps": args.steps, "overrides": args.overrides})
+        print(f"weights after {args.steps} steps: {args.save}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,1 +1,1 @@
-"""Helpers the test tiers share: tiny models, toy domains, FSDP and plan helpers, a real-server launcher."""
+"""Helpers the test tiers share: tiny models, toy domains, FSDP and plan helpers, a real-server launcher, CPU timing."""

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctu.episode.parsing import ParseResult, parse_model_output, repair_json
+from tests.support.timing import thread_cpu_seconds
 
 names = st.from_regex(r"[a-z_][a-z0-9_]{0,30}", fullmatch=True)
 scalars = (st.text(max_size=20) | st.integers(-10**9, 10**9) | st.floats(allow_nan=False, allow_infinity=False, width=32)
@@ -153,20 +154,9 @@ def _megabyte(unit: str) -> str:
 
 
 def _timed_parse(text: str) -> tuple[ParseResult, float]:
-    """The parse and the CPU seconds its thread took, the collector off (other processes on a loaded machine, other
-    threads of a long pytest run and a full collection of its heap do not count; quadratic parsing takes tens of
-    seconds on these inputs, linear well under one)."""
-    import gc
-    import time
-
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.thread_time()
-        result = parse_model_output(text)
-        return result, time.thread_time() - start
-    finally:
-        gc.enable()
+    """The parse and the CPU seconds it took (quadratic parsing takes tens of seconds on these inputs, linear well
+    under one)."""
+    return thread_cpu_seconds(parse_model_output, text)
 
 
 def test_adversarial_megabytes_parse_in_under_a_second():

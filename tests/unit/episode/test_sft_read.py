@@ -1,14 +1,13 @@
 """Reading supervised data files: a JSON array in linear time as JSON Lines is, and every malformed file (content
 after the array, nesting too deep for Python's JSON reader, a missing comma) one error naming the file and line."""
 
-import gc
 import json
-import time
 
 import pytest
 
 from ctu.episode.data.conversations import DataError
 from ctu.episode.data.sft import read_conversations
+from tests.support.timing import thread_cpu_seconds
 
 
 def record(n: int) -> dict:
@@ -17,17 +16,7 @@ def record(n: int) -> dict:
 
 
 def cpu_seconds(path) -> float:
-    """The reading thread's CPU time, the collector off: in a long pytest run other threads of the process and a
-    full collection of its large heap (both counted by ``time.process_time``) once made the array read 1.41 s
-    against 0.27 s, where alone both take ~0.3 s."""
-    gc.collect()
-    gc.disable()
-    try:
-        started = time.thread_time()
-        read_conversations(path)
-        return time.thread_time() - started
-    finally:
-        gc.enable()
+    return thread_cpu_seconds(read_conversations, path)[1]
 
 
 def test_a_json_array_reads_in_time_linear_like_json_lines(tmp_path):
