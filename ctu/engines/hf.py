@@ -68,7 +68,7 @@ def nucleus(probs: torch.Tensor, top_p: float, looks: tuple[int, ...] = (256, 40
     on what follows it, and a row is left to the next look (the sort last) when its nucleus is wider than this look
     or equal probabilities straddle its edge (their order would decide which is kept)."""
     out = torch.zeros_like(probs)
-    rows = torch.arange(probs.shape[0])
+    rows = torch.arange(probs.shape[0], device=probs.device)
     left = probs
     for first in looks:
         if probs.shape[-1] <= first:
