@@ -12,17 +12,14 @@ import pytest
 import torch
 
 from ctu.engines.base import SamplingParams
-from ctu.engines.hf import HFEngine, nucleus
-from ctu.engines.models import load_model, load_tokenizer
+from ctu.engines.hf import nucleus
+from tests.unit.engines.test_engine_hf import PROMPTS, engine  # noqa: F401 - engine: the tiny-random hf engine fixture
 
 
 def rows(kind: str) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(4, 5000, generator=g)
-    if kind == "peaked":  # every nucleus settles among the top 256: the one-look path
-        logits = logits * 4
-    elif kind == "mixed":  # a flat row needs the full sort, the others settle early
-        logits = logits * 4
+    logits = 4 * torch.randn(4, 5000, generator=g)  # peaked: every nucleus settles among the top 256 (one look)
+    if kind == "mixed":  # a flat row needs the full sort, the others settle early
         logits[1] = 0.01 * logits[1]
     return torch.softmax(logits, dim=-1)
 
@@ -37,21 +34,12 @@ def test_nucleus_makes_its_row_index_on_the_data_device(kind):
     assert torch.equal(got, expected)
 
 
-@pytest.fixture(scope="module")
-def engine():
-    torch.manual_seed(0)
-    return HFEngine(load_model("tiny-random"), load_tokenizer("tiny-random"), max_batch_size=4)
-
-
-PROMPTS = [[1, 520, 33, 88, 2, 198, 1, 520], [1, 77, 4000], [1, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
-
-
 @pytest.mark.parametrize("params, seeds", [
     (SamplingParams(temperature=0.0, max_tokens=6), None),
     (SamplingParams(temperature=1.0, top_p=0.9, max_tokens=6, seed=3), None),
     (SamplingParams(temperature=1.3, top_p=0.95, max_tokens=6), [1, 2, 3]),  # the quickstart's sampling
 ])
-def test_the_engine_decodes_with_no_tensor_on_the_default_device(engine, params, seeds):
+def test_the_engine_decodes_with_no_tensor_on_the_default_device(engine, params, seeds):  # noqa: F811
     # generate_sync in this thread: torch's default device is a per-thread setting, and generate() runs it in a
     # worker thread that would not see it
     expected = engine.generate_sync(PROMPTS, params, seeds)
