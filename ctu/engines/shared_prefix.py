@@ -93,12 +93,16 @@ def _shared_length(model, input_ids, attention_mask, positions) -> int:
     return shared if shared >= MIN_SHARED else 0
 
 
-def _forward_at(model, input_ids, attention_mask, positions, pick, kwargs, head=True):
-    """``pick(model output, kept positions)`` of a forward pass over the batch, sharing its common prefix."""
+def _forward_at(model, input_ids, attention_mask, positions, pick, kwargs, head=True, prefix=None):
+    """``pick(model output, kept positions)`` of a forward pass over the batch, sharing its common prefix
+    (``prefix``: a :class:`StepPrefix` of these rows, computed once for every micro-batch of a step)."""
     batch, width = input_ids.shape
-    shared = _shared_length(model, input_ids, attention_mask, positions)
+    if prefix is not None and prefix.serves(input_ids, positions):
+        shared, cache = prefix.length, prefix.cache(batch)
+    else:
+        shared = _shared_length(model, input_ids, attention_mask, positions)
+        cache = _prefix_cache(model, input_ids[:1, :shared], batch, head) if shared else None
     if shared:
-        cache = _prefix_cache(model, input_ids[:1, :shared], batch, head)
         if cache is not None:
             position_ids = torch.arange(shared, width, device=input_ids.device).expand(batch, -1)
             out = model(input_ids=input_ids[:, shared:], attention_mask=attention_mask, position_ids=position_ids,
@@ -124,16 +128,61 @@ def needed_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
 
 
 def needed_hidden(model: torch.nn.Module, body: torch.nn.Module, input_ids: torch.Tensor,
-                  attention_mask: torch.Tensor, needed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  attention_mask: torch.Tensor, needed: torch.Tensor | None = None,
+                  prefix: StepPrefix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(hidden [B, K, H], positions [K]): the last hidden states (after the final norm) of the causal LM
     ``model``'s ``body`` (its decoder, without lm_head) at the needed positions; as :func:`needed_logits`,
-    whose logits are ``lm_head(hidden)``. The prefix cache is computed by ``body`` too."""
+    whose logits are ``lm_head(hidden)``. The prefix cache is computed by ``body`` too (or is ``prefix``'s)."""
     positions = needed_positions(input_ids, needed)
     if positions.numel() == 0:
         return input_ids.new_zeros((input_ids.shape[0], 0, 0), dtype=torch.float), positions
     hidden = _forward_at(body, input_ids, attention_mask, positions,
-                         lambda out, kept: out.last_hidden_state[:, kept], lambda kept: {}, head=False)
+                         lambda out, kept: out.last_hidden_state[:, kept], lambda kept: {}, head=False, prefix=prefix)
     return hidden, positions
+
+
+class StepPrefix:
+    """The common prefix of one optimizer step's rows, run once with gradients for all its micro-batches.
+
+    A gradient step over rows that start with the same system prompt would run that prompt once per micro-batch
+    (and once per row of a micro-batch that cannot share it). Here the decoder body runs it once, its per-layer
+    keys and values are kept as leaves that each micro-batch's forward continues from (repeated to its rows), the
+    micro-batches' backward passes sum their gradients into those leaves, and :meth:`backward` then carries the
+    sums through the prefix pass into the weights: the gradients of running the prefix in every row, up to float
+    rounding, for the prefix's compute once a step. ``cache(rows)``'s keys and values must not be written in
+    place (transformers' dynamic cache appends by ``torch.cat``).
+    """
+
+    def __init__(self, body: torch.nn.Module, ids: Sequence[int], device) -> None:
+        from transformers.cache_utils import DynamicCache
+
+        self._make = lambda layers: DynamicCache(ddp_cache_data=layers)
+        self.ids = torch.tensor([list(ids)], device=device)
+        self.length = len(ids)
+        out = body(input_ids=self.ids, attention_mask=torch.ones_like(self.ids), use_cache=True)
+        layers = getattr(cache_of(out), "layers", None) or []
+        self.outputs = [t for layer in layers for t in (layer.keys, layer.values)]
+        self.leaves = [t.detach().requires_grad_(t.requires_grad) for t in self.outputs]
+
+    def serves(self, input_ids: torch.Tensor, positions: torch.Tensor) -> bool:
+        """Whether every row of this micro-batch starts with the prefix and scores nothing inside it."""
+        return (input_ids.shape[1] > self.length and int(positions[0]) >= self.length
+                and bool((input_ids[:, : self.length] == self.ids).all()))
+
+    def cache(self, rows: int):
+        """A KV cache of the prefix for ``rows`` rows, over the leaves (its backward sums the rows' gradients)."""
+        layers = [(self.leaves[i].expand(rows, -1, -1, -1), self.leaves[i + 1].expand(rows, -1, -1, -1))
+                  for i in range(0, len(self.leaves), 2)]
+        return self._make(layers)
+
+    def backward(self) -> None:
+        """The micro-batches' summed gradients, through the prefix pass into the weights (once, after every
+        micro-batch's backward)."""
+        pairs = [(out, leaf.grad) for out, leaf in zip(self.outputs, self.leaves, strict=True)
+                 if leaf.grad is not None and out.requires_grad]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        self.outputs, self.leaves = [], []
 
 
 def prefill(model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_id: int):

@@ -20,7 +20,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ctu.engines.precision import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR, compute_context  # noqa: F401 - re-exported
-from ctu.engines.shared_prefix import needed_hidden, needed_logits
+from ctu.engines.shared_prefix import StepPrefix, needed_hidden, needed_logits, packing_prefix
 
 LOGIT_BUDGET = 1 << 25  # fp32 logit elements per chunk (128 MiB), unless ``chunk`` says otherwise
 # a model's own budget (``trainer.logit_chunk_mib``, set by ``build_policy``), in fp32 logit elements
@@ -58,7 +58,8 @@ def _chunk_fn(head, temperature: float, with_entropy: bool):
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    temperature: float = 1.0, with_entropy: bool = False, needed: torch.Tensor | None = None,
-                   chunk: int | None = None, entropy_grad: bool = True, train: bool | None = None):
+                   chunk: int | None = None, entropy_grad: bool = True, train: bool | None = None,
+                   prefix: StepPrefix | None = None):
     """Logprobs of each next token (positions 1..T-1) under ``logits / temperature``; optional entropy.
 
     Returns (logprobs [B, T-1], entropy [B, T-1] or None). ``needed`` [B, T-1] (e.g. the loss mask) limits
@@ -68,6 +69,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     gradient when gradients are enabled (``entropy_grad=False`` detaches it), so an entropy bonus in the
     loss changes the gradient. ``train``: a trainer pass, autocast to ``trainer.autocast``'s dtype when set
     (default: when gradients are enabled; the update's scoring passes say so, so its ratios compare like with like).
+    ``prefix``: the optimizer step's :func:`step_prefix`, continued from instead of running the rows' shared prefix.
     """
     batch, width = input_ids.shape
     device = input_ids.device
@@ -76,7 +78,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     body, head = body_and_head(model)
     with compute_context(model, train=torch.is_grad_enabled() if train is None else train):
         if body is not None:
-            states, positions = needed_hidden(model, body, input_ids, attention_mask, needed)
+            states, positions = needed_hidden(model, body, input_ids, attention_mask, needed, prefix=prefix)
         else:  # a model of another shape: full logits at the needed positions
             states, positions = needed_logits(model, input_ids, attention_mask, needed)
         if positions.numel() == 0:
@@ -101,3 +103,24 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     if with_entropy:
         entropy_out = entropy_out.index_copy(1, positions, torch.cat(entropy_parts, dim=1).to(out.dtype))  # type: ignore[union-attr]
     return out, entropy_out
+
+
+
+def step_prefix_length(model: torch.nn.Module, rows, masks) -> int:
+    """How many tokens an optimizer step over ``rows`` (token ids; ``masks`` over next-token positions) runs once
+    for all its micro-batches (:func:`step_prefix`): their common prefix before any scored position, as
+    :func:`ctu.engines.shared_prefix.packing_prefix` finds it; 0 where the model cannot share one (another shape,
+    one row, a short prefix, gradient checkpointing, FSDP2)."""
+    if body_and_head(model)[0] is None:
+        return 0
+    return packing_prefix(model, rows, masks, grad=True, training=True)
+
+
+def step_prefix(model: torch.nn.Module, ids) -> StepPrefix | None:
+    """The prefix ``ids`` run once by the decoder body in the trainer's precision, with gradients, for every
+    micro-batch of an optimizer step to continue from (:class:`ctu.engines.shared_prefix.StepPrefix`; call its
+    ``backward()`` after theirs); None where the model's cache is not plain per-layer tensors."""
+    body, _ = body_and_head(model)
+    with compute_context(model, train=True):
+        prefix = StepPrefix(body, ids, next(model.parameters()).device)
+    return prefix if prefix.outputs else None

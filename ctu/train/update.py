@@ -27,8 +27,9 @@ import torch
 
 from ctu.config.schema import TrainerConfig
 from ctu.engines.host_memory import trim_heap
-from ctu.engines.shared_prefix import packing_prefix
+from ctu.engines.shared_prefix import StepPrefix, packing_prefix
 from ctu.rl.losses import aggregation_weights, kl_penalty, ppo_clip_per_token, truncated_importance_weights
+from ctu.train.logprobs import step_prefix, step_prefix_length
 from ctu.train.policy import Policy, reshard, token_logprobs
 
 Reduce = Callable[[list[float], str], list[float]]
@@ -319,14 +320,14 @@ def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[
     token_share = [m / max(1.0, tokens) for m in masks]  # token means (stats, entropy)
     optimizer.zero_grad(set_to_none=True)
     step = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "mismatch"), 0.0)
-    for idx, dummy in _same_count(pack(policy.model, samples, cfg.micro_batch_tokens, grad=True, training=True,
-                                       share=cfg.pack_shared_prefix), reduce):
+    batches, prefix = _step_batches(policy.model, samples, cfg.micro_batch_tokens, cfg.pack_shared_prefix, reduce)
+    for idx, dummy in _same_count(batches, reduce):
         zero = [0.0 * weights[i] for i in idx] if dummy or filler else None  # a repeated micro-batch: forwards, adds nothing
         b = collate([samples[i] for i in idx], device, zero or [weights[i] for i in idx])
         share = collate([samples[i] for i in idx], device, zero or [token_share[i] for i in idx])["weight"]
         width = b["mask"].shape[1]
         logp, entropy = token_logprobs(policy.model, b["ids"], b["attn"], temperature, with_entropy=True,
-                                       needed=b["mask"], entropy_grad=cfg.entropy_coef > 0)
+                                       needed=b["mask"], entropy_grad=cfg.entropy_coef > 0, prefix=prefix)
         if old is None:
             old_b = logp.detach()
             if not (dummy or filler):
@@ -355,6 +356,8 @@ def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[
         step["pg_loss"] += float(pg.detach())
         step["entropy"] += float(ent.detach())
         step["clip_fraction"] += float((clipped * share).sum())
+    if prefix is not None:
+        prefix.backward()
     norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip)
     if hasattr(norm, "full_tensor"):  # sharded (DTensor) gradients: the global norm
         norm = norm.full_tensor()
@@ -365,6 +368,18 @@ def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[
     for key, value in step.items():
         sums[key] += value
     sums["grad_norm"] += float(norm)
+
+
+def _step_batches(model, samples: Sequence[Sample], token_budget: int, share: bool,
+                  reduce: Reduce | None) -> tuple[list[list[int]], StepPrefix | None]:
+    """An optimizer step's micro-batches, and the prefix all of them continue from (in train mode, before the
+    first): where every sample starts with the same prompt, it runs once a step, not once a row
+    (:func:`ctu.train.logprobs.step_prefix`), and packing counts it once. Data-parallel ranks run their rows'
+    prefixes as before (their micro-batches must be the same collectives whatever a rank's rows share)."""
+    shared = step_prefix_length(model, [s.ids for s in samples], [s.mask for s in samples]) if reduce is None else 0
+    if not shared:
+        return pack(model, samples, token_budget, grad=True, training=True, share=share), None
+    return micro_batches([len(s.ids) for s in samples], token_budget, shared), step_prefix(model, samples[0].ids[:shared])
 
 
 def _same_count(batches: list[list[int]], reduce: Reduce | None) -> list[tuple[list[int], bool]]:
@@ -393,23 +408,24 @@ def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], token_budge
     filler = False
     if reduce is not None and not rows:
         rows, filler = [FILLER], True
-    batches = [(collate([rows[i] for i in idx], policy.device), dummy)
-               for idx, dummy in _same_count(pack(policy.model, rows, token_budget, grad=True, training=True,
-                                                  share=share_prefix), reduce)]
-    local = 0.0 if filler else sum(float(b["mask"].sum()) for b, dummy in batches if not dummy)
-    total = (reduce([local], "sum")[0] if reduce is not None else local) or 1.0
-    loss_sum = 0.0
     model = policy.model
     was_training = model.training
     model.train()
     try:
+        packed, prefix = _step_batches(model, rows, token_budget, share_prefix, reduce)
+        batches = [(collate([rows[i] for i in idx], policy.device), dummy) for idx, dummy in _same_count(packed, reduce)]
+        local = 0.0 if filler else sum(float(b["mask"].sum()) for b, dummy in batches if not dummy)
+        total = (reduce([local], "sum")[0] if reduce is not None else local) or 1.0
+        loss_sum = 0.0
         for b, dummy in batches:
-            logp, _ = token_logprobs(model, b["ids"], b["attn"], needed=b["mask"])
+            logp, _ = token_logprobs(model, b["ids"], b["attn"], needed=b["mask"], prefix=prefix)
             scale = 0.0 if dummy or filler else 1.0
             loss = -(logp * b["mask"]).sum() * scale / total
             loss.backward()
             trim_heap()
             loss_sum += float(loss.detach())
+        if prefix is not None:
+            prefix.backward()
     finally:
         model.train(was_training)
     torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)
