@@ -155,8 +155,9 @@ class TrainerConfig:
     # fp32 logits one lm_head chunk of the trainer's passes may hold (MiB): the update's backward keeps about six
     # such chunks at its peak (ctu plan's "logit chunk"); smaller chunks are the same numbers in more lm_head calls
     logit_chunk_mib: int = 128
-    # count the episodes' common prefix (system prompt) once when packing micro-batches: more rows a forward, fewer
-    # prefix passes (SmolLM2 warm start: 16% faster) but more attention memory (+1.1 GiB at 1024 tokens)
+    # count the episodes' common prefix (system prompt) once when packing the micro-batches of passes that run it per
+    # micro-batch (scoring, FSDP2 ranks; a single process's gradient steps run it once a step and always count it
+    # once): more rows a forward, fewer prefix passes, but more attention memory (+1.1 GiB at 1024 tokens)
     pack_shared_prefix: bool = False
     # reinforce_pp: batch baseline; rft: imitate the episodes that reached the full reward (no baseline, no negatives);
     # remax: reward minus that of a greedy episode of the same task (played each step, never trained on)
