@@ -105,7 +105,6 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     return out, entropy_out
 
 
-
 def step_prefix_length(model: torch.nn.Module, rows, masks) -> int:
     """How many tokens an optimizer step over ``rows`` (token ids; ``masks`` over next-token positions) runs once
     for all its micro-batches (:func:`step_prefix`): their common prefix before any scored position, as
