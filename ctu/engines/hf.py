@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache
 
 from ctu.engines import cpu_share, cpu_threads
 from ctu.engines import kv_reuse as kvr
@@ -26,7 +26,7 @@ from ctu.engines.base import Completion, Engine, SamplingParams
 from ctu.engines.decode_copy import DecodeCopy, resolve_decode_dtype
 from ctu.engines.hf_api import cache_of, with_cache
 from ctu.engines.host_memory import trim_heap
-from ctu.engines.kv_buffer import BufferedLayer, preallocate
+from ctu.engines.kv_buffer import plain_layers, preallocate
 from ctu.engines.precision import compute_context
 from ctu.engines.shared_prefix import prefill
 
@@ -42,14 +42,6 @@ def _eos_ids(model, tokenizer) -> set[int]:
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
-
-
-def _plain_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """Per-layer (keys, values) of a cache made only of plain dynamic layers (None otherwise)."""
-    layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer) not in (DynamicLayer, BufferedLayer) or layer.keys is None for layer in layers):
-        return None
-    return [(layer.keys, layer.values) for layer in layers]
 
 
 def _nucleus_of_sorted(sorted_probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -350,14 +342,14 @@ class HFEngine(Engine):
         """The KV of a shared prefix (batch 1), or None when the model's cache cannot be reused (sliding windows)."""
         prefix = torch.tensor([list(ids)], device=self.device)
         out = self._net(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, logits_to_keep=1)
-        layers = _plain_layers(cache_of(out))
+        layers = plain_layers(cache_of(out))
         return None if layers is None else kvr.Prefix(tuple(ids), layers)
 
     def _keep(self, batch, row: int, past, mask, j: int, fed, out_ids) -> None:
         """Store prompt row ``row`` (batch row ``j``): the KV of its prompt and of the generated ids it ran."""
         if self.kv_store is None:
             return
-        layers = _plain_layers(past)
+        layers = plain_layers(past)
         if layers is None:  # e.g. sliding-window layers: this model's cache cannot be kept; prefill whole prompts
             self.kv_store = None
             return

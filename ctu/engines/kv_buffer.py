@@ -61,6 +61,15 @@ class BufferedLayer(DynamicLayer):
         return self.keys, self.values
 
 
+def plain_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Per-layer (keys, values) of a cache made only of plain dynamic layers (None otherwise: sliding windows,
+    quantized or empty layers)."""
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) not in (DynamicLayer, BufferedLayer) or layer.keys is None for layer in layers):
+        return None
+    return [(layer.keys, layer.values) for layer in layers]
+
+
 def preallocate(cache, more: int) -> None:
     """Give every plain dynamic layer of ``cache`` room for ``more`` positions past what it holds (in place)."""
     for layer in getattr(cache, "layers", None) or ():

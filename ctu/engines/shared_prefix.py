@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from ctu.engines.hf_api import cache_of, checkpointing_enabled, with_cache
+from ctu.engines.kv_buffer import plain_layers
 
 MIN_SHARED = 16  # shorter common prefixes are not worth a second pass
 
@@ -154,14 +156,10 @@ class StepPrefix:
     """
 
     def __init__(self, body: torch.nn.Module, ids: Sequence[int], device) -> None:
-        from transformers.cache_utils import DynamicCache
-
-        self._make = lambda layers: DynamicCache(ddp_cache_data=layers)
         self.ids = torch.tensor([list(ids)], device=device)
         self.length = len(ids)
         out = body(input_ids=self.ids, attention_mask=torch.ones_like(self.ids), use_cache=True)
-        layers = getattr(cache_of(out), "layers", None) or []
-        self.outputs = [t for layer in layers for t in (layer.keys, layer.values)]
+        self.outputs = [t for layer in plain_layers(cache_of(out)) or [] for t in layer]  # none: not shareable
         self.leaves = [t.detach().requires_grad_(t.requires_grad) for t in self.outputs]
 
     def serves(self, input_ids: torch.Tensor, positions: torch.Tensor) -> bool:
@@ -173,7 +171,7 @@ class StepPrefix:
         """A KV cache of the prefix for ``rows`` rows, over the leaves (its backward sums the rows' gradients)."""
         layers = [(self.leaves[i].expand(rows, -1, -1, -1), self.leaves[i + 1].expand(rows, -1, -1, -1))
                   for i in range(0, len(self.leaves), 2)]
-        return self._make(layers)
+        return DynamicCache(ddp_cache_data=layers)
 
     def backward(self) -> None:
         """The micro-batches' summed gradients, through the prefix pass into the weights (once, after every
