@@ -6,6 +6,8 @@ decode step reads every weight once: bf16 weights halve that too. Autocast over 
 weight at every step (more memory traffic than fp32 itself), so the engine keeps a copy: the policy with its LoRA
 adapters merged (fp32 sum, one cast), in bf16, merged again in place when the policy's weights change (after each
 update). The copy costs the model's size in bf16 (~270 MB for SmolLM2-135M; a transient fp32 copy when first made).
+Its sibling projections run as one product each (``fused_linear``), and its one-token steps attend by grouped
+products (``decode_attention``): CPU flash attention is slow there in bf16.
 
 Other tokens than fp32 decoding samples: the same tokens come only in the same precision. ``float32`` (the default)
 decodes as the trainer's weights are stored; ``auto`` picks bf16 where the CPU computes it natively (never on an
@@ -18,6 +20,8 @@ import copy
 
 import torch
 
+from ctu.engines.decode_attention import use_grouped_decode
+from ctu.engines.fused_linear import fuse_projections
 from ctu.engines.precision import cpu_bf16_support
 
 SETTINGS = ("float32", "bfloat16", "auto")
@@ -55,7 +59,7 @@ class DecodeCopy:
                 made = copy.deepcopy(source)
                 if hasattr(made, "merge_and_unload"):  # peft: adapters merged into the fp32 base, then one cast
                     made = made.merge_and_unload()  # type: ignore[operator]
-                cast_parameters(made, self.dtype)
+                prepare(made, self.dtype)
             self.model, self.version = made, version
             self.builds += 1
         elif self.version != version:  # the weights changed: merged again into the copy, a tensor at a time
@@ -66,6 +70,15 @@ class DecodeCopy:
 
     def drop(self) -> None:
         self.model, self.version = None, None
+
+
+def prepare(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Make ``model`` (the engine's own copy) the decode copy: parameters in ``dtype``, sibling projections fused,
+    one-token steps attending by grouped products in bf16."""
+    cast_parameters(model, dtype)
+    fuse_projections(model)
+    if dtype == torch.bfloat16:  # CPU flash attention is slow for one bf16 query token
+        use_grouped_decode(model)
 
 
 def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:

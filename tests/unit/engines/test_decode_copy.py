@@ -11,7 +11,7 @@ from peft import LoraConfig, get_peft_model
 
 from ctu.config.fields import EngineConfig
 from ctu.engines.base import SamplingParams
-from ctu.engines.decode_copy import DecodeCopy, cast_parameters, resolve_decode_dtype
+from ctu.engines.decode_copy import DecodeCopy, prepare, resolve_decode_dtype
 from ctu.engines.hf import HFEngine
 from ctu.engines.hf_api import quiet_peft_wrap
 from ctu.engines.models import load_model, load_tokenizer
@@ -31,9 +31,10 @@ def lora_model(seed: int = 0):
 
 
 def merged_bf16(model):
-    """The merged model as a bf16 checkpoint of it loads: bf16 parameters, fp32 rotary frequencies."""
+    """The merged model as a bf16 checkpoint of it loads (bf16 parameters, fp32 rotary frequencies), prepared for
+    decoding as the engine's copy is (fused projections, grouped one-token attention)."""
     merged = copy.deepcopy(model).merge_and_unload()
-    cast_parameters(merged, torch.bfloat16)
+    prepare(merged, torch.bfloat16)
     assert all(b.dtype == torch.float32 for b in merged.buffers() if b.is_floating_point())
     return merged
 
