@@ -52,7 +52,7 @@ def test_the_setting_picks_bf16_only_where_the_cpu_computes_it_natively(monkeypa
     assert dtype is torch.bfloat16 and "emulated" in why
     with pytest.raises(ValueError, match="decode_dtype"):
         resolve_decode_dtype("fp16", "cpu")
-    assert EngineConfig().decode_dtype == "float32"  # the presets' measured numbers are fp32 decoding's
+    assert EngineConfig().decode_dtype == "float32"  # the default; the quickstart preset measured and set auto
 
 
 def test_the_copy_is_the_merged_model_and_follows_every_weight_change():
@@ -93,7 +93,6 @@ def test_the_engine_samples_what_a_bf16_model_of_the_merged_weights_samples(samp
     reference = HFEngine(merged_bf16(model), tokenizer)
     assert generate(engine, **sampling) == generate(reference, **sampling)
     assert engine.decode_copy.refreshes == 1
-
 
 
 def test_the_parity_probe_expects_bf16_logprobs_from_a_bf16_decode(monkeypatch):
