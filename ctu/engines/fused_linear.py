@@ -64,7 +64,7 @@ def fuse_projections(model: torch.nn.Module) -> int:
                 continue
             linears: list[torch.nn.Linear] = members  # type: ignore[assignment]
             weight = torch.cat([m.weight for m in linears])
-            bias = torch.cat([m.bias for m in linears]) if linears[0].bias is not None else None  # type: ignore[misc]
+            bias = torch.cat([m.bias for m in linears]) if linears[0].bias is not None else None
             bounds, start = [], 0
             for m in linears:
                 bounds.append((start, start + m.out_features))
