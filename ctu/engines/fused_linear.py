@@ -11,6 +11,8 @@ another caller) computes its own product: the result is the same, only slower.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -27,30 +29,35 @@ class _Shared:
 
 
 class FusedMember(torch.nn.Linear):
-    """One projection of a fused group: a ``Linear`` whose weight is a view of the group's fused weight."""
+    """One projection of a fused group: a ``Linear`` whose weight (and bias) are views of the group's fused ones."""
+
+    def __init__(self, shared: _Shared, index: int):
+        torch.nn.Module.__init__(self)  # not Linear's: the parameters are views, not new tensors
+        start, end = shared.bounds[index]
+        self.shared, self.index = shared, index  # a plain object and an int: not submodules or parameters
+        self.in_features, self.out_features = shared.weight.shape[1], end - start
+        self.weight = torch.nn.Parameter(shared.weight[start:end], requires_grad=False)
+        bias = None if shared.bias is None else torch.nn.Parameter(shared.bias[start:end], requires_grad=False)
+        self.register_parameter("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shared: _Shared = self._shared  # type: ignore[assignment]
-        index: int = self._index  # type: ignore[assignment]
-        if index == 0:
+        shared = self.shared
+        if self.index == 0:
             shared.input, shared.output = x, F.linear(x, shared.weight, shared.bias)
         elif shared.input is not x or shared.output is None:
             return F.linear(x, self.weight, self.bias)
-        start, end = shared.bounds[index]
+        start, end = shared.bounds[self.index]
         out = shared.output[..., start:end]
-        if index == len(shared.bounds) - 1:  # the group's last member: the product is not kept past it
+        if self.index == len(shared.bounds) - 1:  # the group's last member: the product is not kept past it
             shared.input, shared.output = None, None
         return out
 
 
-def _fusable(members: list[object]) -> bool:
-    if not all(type(m) is torch.nn.Linear for m in members):
-        return False
+def _fusable(members: list) -> bool:
     first = members[0]
-    assert isinstance(first, torch.nn.Linear)
-    return all(m.in_features == first.in_features and m.weight.dtype == first.weight.dtype  # type: ignore[attr-defined]
-               and m.weight.device == first.weight.device and (m.bias is None) == (first.bias is None)  # type: ignore[attr-defined]
-               for m in members)
+    return all(type(m) is torch.nn.Linear for m in members) and all(
+        m.in_features == first.in_features and m.weight.dtype == first.weight.dtype
+        and m.weight.device == first.weight.device and (m.bias is None) == (first.bias is None) for m in members)
 
 
 @torch.no_grad()
@@ -59,29 +66,13 @@ def fuse_projections(model: torch.nn.Module) -> int:
     fused = 0
     for parent in list(model.modules()):
         for names in GROUPS:
-            members = [getattr(parent, n, None) for n in names]
+            members: list = [getattr(parent, n, None) for n in names]  # plain Linears once _fusable says so
             if not _fusable(members):
                 continue
-            linears: list[torch.nn.Linear] = members  # type: ignore[assignment]
-            weight = torch.cat([m.weight for m in linears])
-            bias = torch.cat([m.bias for m in linears]) if linears[0].bias is not None else None
-            bounds, start = [], 0
-            for m in linears:
-                bounds.append((start, start + m.out_features))
-                start += m.out_features
-            shared = _Shared(weight, bias, bounds)
-            for index, (name, m) in enumerate(zip(names, linears, strict=True)):
-                lo, hi = bounds[index]
-                member = FusedMember.__new__(FusedMember)
-                torch.nn.Module.__init__(member)
-                member.in_features, member.out_features = m.in_features, m.out_features
-                member.weight = torch.nn.Parameter(weight[lo:hi], requires_grad=False)
-                if bias is None:
-                    member.register_parameter("bias", None)
-                else:
-                    member.bias = torch.nn.Parameter(bias[lo:hi], requires_grad=False)
-                object.__setattr__(member, "_shared", shared)  # not a submodule: the group's members share it
-                object.__setattr__(member, "_index", index)
-                setattr(parent, name, member)
+            ends = list(itertools.accumulate(m.out_features for m in members))
+            bias = torch.cat([m.bias for m in members]) if members[0].bias is not None else None
+            shared = _Shared(torch.cat([m.weight for m in members]), bias, list(zip([0, *ends[:-1]], ends, strict=True)))
+            for index, name in enumerate(names):
+                setattr(parent, name, FusedMember(shared, index))
             fused += 1
     return fused
