@@ -9,6 +9,9 @@ Each cell runs ``ctu train configs/quickstart.yaml`` cut to ``--sft-steps`` supe
 the warm start's seconds from its output and the step's ``rollout_s`` / ``update_s`` from its metrics.jsonl. The
 table gives seconds and, in brackets, the ratio to the quiet run of the same policy; a fair share of the CPUs
 beside one busy process is ~1.5x on 2 cores (2 threads and 1 busy loop on 2 cores: each gets 2/3 of a core).
+The checks whether fewer threads give the same bits run once a run, the first time other programs are busy (in
+the first phase that computes beside them): their seconds, from the lines they print, are taken out of that phase
+and shown in their own column.
 
     python benchmarks/contention.py [--conditions quiet nice19 nice0 small] [--policies on off NAME=VALUE]
         [--sft-steps 2] [--tasks 2] [--small 4] [--repeats 1]
@@ -77,8 +80,15 @@ def one_run(policy: str, args, run_dir: Path) -> dict[str, float]:
     record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     pick = {key.rsplit("/", 1)[-1].rsplit(".", 1)[-1]: v for key, v in record.items() if isinstance(v, (int, float))}
     threads = next((line for line in out.stdout.splitlines() if line.startswith("threads:")), "")
-    return {"warm start": float(found.group(1)) if found else float("nan"), "rollout": pick.get("rollout_s", 0.0),
-            "update": pick.get("update_s", 0.0), "total": total, "line": threads}  # type: ignore[dict-item]
+    got = {"warm start": float(found.group(1)) if found else float("nan"), "rollout": pick.get("rollout_s", 0.0),
+           "update": pick.get("update_s", 0.0), "checks": 0.0, "total": total}
+    for check in re.finditer(r"^threads: (generation|the updates) .*; checked in ([\d.]+) s\)$", out.stdout, re.M):
+        # a one-time check, run the first time other programs are busy: in the phase's seconds, reported apart
+        seconds = float(check.group(2))
+        phase = "rollout" if check.group(1) == "generation" else ("warm start" if found else "update")
+        got[phase] -= seconds
+        got["checks"] += seconds
+    return {**got, "line": threads}  # type: ignore[dict-item]
 
 
 def main() -> None:
@@ -109,7 +119,7 @@ def main() -> None:
     for policy in args.policies:
         line = results.get((args.conditions[0], policy), {}).get("line")
         print(f"\npolicy {policy}: {line or '(no threads line: CTU_CPU_THREADS=off)'}")
-    parts = ("warm start", "rollout", "update")
+    parts = ("warm start", "rollout", "update", "checks")
     width = max(7, *(len(p) for p in args.policies))
     print(f"\n{'beside':<8} {'policy':<{width}}" + "".join(f"{p:>18}" for p in parts))
     for condition in args.conditions:

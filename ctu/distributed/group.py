@@ -183,9 +183,9 @@ class LocalTrainer(TrainerGroup):
         return self.policy.precision_note
 
     def _check_threads(self) -> None:
-        """Before the first training pass: whether the updates may share the CPUs (the same gradients with fewer
-        threads; :func:`ctu.engines.cpu_threads.check`)."""
-        if self.policy.device.type != "cpu" or cpu_threads.checked("training"):
+        """Before a step, the first time other programs are busy: whether the updates may share the CPUs (the same
+        gradients with fewer threads; :func:`ctu.engines.cpu_threads.check`)."""
+        if self.policy.device.type != "cpu" or not cpu_threads.due("training"):
             return
         from ctu.train.gradient_probe import micro_batch_gradients
 

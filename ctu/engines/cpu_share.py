@@ -13,8 +13,8 @@ Samples are taken between decode steps at most once a second; nothing is read wh
 Generation changes its thread count in the thread that generates (torch keeps the OpenMP thread count per thread
 once it has computed), the warm start and the updates before each forward pass; each only where fewer threads give
 it bit for bit the same results on this CPU and model (a decode and its products at every batch size; a
-micro-batch's gradients and its layers' products at token counts up to its size: checked once per run,
-:func:`ctu.engines.cpu_threads.check`). Where they do not (a BLAS that splits a product's sums by thread for
+micro-batch's gradients and its layers' products at token counts up to its size: checked once per run, the first
+time other programs are busy, :func:`ctu.engines.cpu_threads.check`). Where they do not (a BLAS that splits a product's sums by thread for
 some shapes), it keeps its threads, so that a seed's numbers do not depend on what else runs.
 ``CTU_CPU_THREADS=share`` lets both share regardless.
 """
@@ -118,20 +118,33 @@ class Share:
         self._noted = -NOTE_EVERY_S
         self.changes = 0
 
+    def _measure(self, now: float) -> bool:
+        """Sample (at most every ``INTERVAL_S``); whether ``others`` was measured anew (under the lock)."""
+        if now - self._asked < INTERVAL_S:
+            return False
+        self._asked = now
+        got = self._sampler()
+        if got is None:
+            return False
+        before, self._last = self._last, got
+        if before is None:
+            return False
+        self.others = others_busy(before, got)
+        return True
+
+    def peek(self) -> int:
+        """The count :meth:`decide` would pick now, without taking it (``threads`` unchanged, nothing to say): whether
+        other programs keep the CPUs busy enough that a sharing check is due (:func:`ctu.engines.cpu_threads.due`)."""
+        with self._lock:
+            self._measure(time.monotonic())
+            return share_threads(self.cap, self.threads, self.others)
+
     def decide(self) -> tuple[int, str | None]:
         """The thread count, and a line to print when it changed (at most one a minute)."""
         with self._lock:
             now = time.monotonic()
-            if now - self._asked < INTERVAL_S:
+            if not self._measure(now):
                 return self.threads, None
-            self._asked = now
-            got = self._sampler()
-            if got is None:
-                return self.threads, None
-            before, self._last = self._last, got
-            if before is None:
-                return self.threads, None
-            self.others = others_busy(before, got)
             threads = share_threads(self.cap, self.threads, self.others)
             if threads == self.threads:
                 return threads, None

@@ -26,6 +26,7 @@ import dataclasses
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,7 +78,7 @@ def choose(affinity: int, quota: float | None, env: Mapping[str, str]) -> Choice
         share_training = share and mode == "share"
         fewer = "; fewer while other programs are busy" if share_training else (
             "; fewer while other programs are busy, for generation and for the updates each where fewer give the"
-            " same bits (checked once)" if share else "")
+            " same bits (checked when other programs first are)" if share else "")
         thread_part = f"threads: {threads} ({where}{fewer})"
     kept = [f"{name}={env[name]}" for name in USER_WAIT_VARS if env.get(name, "").strip()]
     if kept:
@@ -183,6 +184,14 @@ def _shared(kind: str) -> Share | None:
     return _share if _share.training or _invariant.get(kind) else None
 
 
+def due(kind: str) -> bool:
+    """Whether :func:`check` should run for ``kind`` now: not run yet, and other programs keep this process's CPUs
+    busy enough that sharing would take a thread. Until then ``kind`` keeps its threads, as it would where the check
+    failed; on a quiet machine it never runs (each pass at every count sharing could pick: 19 s of the quickstart's
+    13.5 minutes on a 2-core Zen 4, and the training probe's activations on top of the run's peak memory)."""
+    return not checked(kind) and _share is not None and _share.peek() < _share.cap
+
+
 def checked(kind: str) -> bool:
     """Whether :func:`check` has nothing (more) to check for ``kind`` in this process."""
     return kind in _invariant or _share is None or _share.training or _share.cap < 2
@@ -208,6 +217,7 @@ def check(kind: str, compute: Callable[[], Sequence[Any]]) -> str | None:
     assert _share is not None
     import torch
 
+    started = time.perf_counter()
     before = torch.get_num_threads()
     counts = sorted({1, 2, _share.cap // 2, _share.cap - 1} & set(range(1, _share.cap)))
     labels = getattr(compute, "labels", None)  # per tensor: None (the whole pass) or (where, token count)
@@ -230,15 +240,16 @@ def check(kind: str, compute: Callable[[], Sequence[Any]]) -> str | None:
     _invariant[kind] = _share.sharing[kind] = not differ
     _differ_at[kind] = differing_ranges(sized, labels or [])
     who, what = WHAT[kind]
+    took = f"; checked in {time.perf_counter() - started:.1f} s"
     if not differ:
         verb = "shares" if kind == "generation" else "share"
         but = "; ".join(f"{where} products of {_spans(r)} tokens differ, passes with them keep {_share.cap}"
                         for where, r in _differ_at[kind].items())
         return (f"threads: {who} {verb} the CPUs while other programs are busy ({what} on {_counts(counts)} and "
-                f"{_share.cap}: the same bits{'; except: ' + but if but else ''})")
+                f"{_share.cap}: the same bits{'; except: ' + but if but else ''}{took})")
     keep = "keeps" if kind == "generation" else "keep"
     return (f"threads: {who} {keep} {_share.cap} ({what} on {_counts(differ)} differ from {_share.cap}'s in the last "
-            f"bits on this CPU: a seed's numbers would depend on what else runs; {OFF_VAR}=share to share anyway)")
+            f"bits on this CPU: a seed's numbers would depend on what else runs; {OFF_VAR}=share to share anyway{took})")
 
 
 def _spans(ranges: Sequence[tuple[int, int]]) -> str:

@@ -240,10 +240,10 @@ class HFEngine(Engine):
         return []
 
     def _check_sharing(self) -> None:
-        """Once per process: whether this engine's decode gives the same tokens and logprobs with fewer threads, so
-        that generation may share the CPUs (:func:`ctu.engines.cpu_threads.check`, what it runs:
-        :func:`ctu.engines.share_probe.decode_probe`)."""
-        if cpu_threads.checked("generation"):
+        """Once per process, the first time other programs are busy: whether this engine's decode gives the same
+        tokens and logprobs with fewer threads, so that generation may share the CPUs
+        (:func:`ctu.engines.cpu_threads.check`, what it runs: :func:`ctu.engines.share_probe.decode_probe`)."""
+        if not cpu_threads.due("generation"):  # checked already, or nothing else is busy (yet)
             return
         from ctu.engines.share_probe import decode_probe
 

@@ -20,7 +20,7 @@ def test_threads_are_the_affinity_capped_by_the_quota_and_waits_are_short_spins(
     assert (c.threads, c.set_threads) == (2, True)
     assert c.env == {"GOMP_SPINCOUNT": str(SPIN_COUNT), "KMP_BLOCKTIME": "1"}
     assert c.message.startswith("threads: 2 (affinity 2, cgroup quota none; fewer while other programs are busy, for "
-                                "generation and for the updates each where fewer give the same bits (checked once)), "
+                                "generation and for the updates each where fewer give the same bits (checked when other programs first are)), "
                                 "OpenMP waits: spin")
     assert c.share and not choose(2, None, {"CTU_CPU_THREADS": "fixed"}).share
     assert not choose(8, 2.0, {}).share  # under a binding quota the quota is this process's share
