@@ -76,16 +76,20 @@ def to_sample(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask:
 
 
 def micro_batches(lengths: Sequence[int], token_budget: int, shared: int = 0) -> list[list[int]]:
-    """Pack sample indices (in order) so that the tokens a forward computes stay within ``token_budget``:
+    """Pack sample indices so that the tokens a forward computes stay within ``token_budget``:
     ``shared + rows x (longest row - shared)``, where ``shared`` is a prefix common to every row that the
     forward runs once (:func:`ctu.engines.shared_prefix.packing_prefix`; 0: rows x longest row).
 
+    Rows go by length (ties in order), so each is padded only to rows of about its own length: in the order the
+    episodes finished, a quickstart update padded 16% of its tokens (2.5% by length, and 13 forwards for 15).
+    Which rows share a forward changes neither the loss nor the gradients (see the module doc): float rounding.
     A sample longer than the budget gets a micro-batch of its own.
     """
     batches: list[list[int]] = []
     current: list[int] = []
     longest = 0
-    for i, n in enumerate(lengths):
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        n = lengths[i]
         if current and shared + (max(longest, n) - shared) * (len(current) + 1) > token_budget:
             batches.append(current)
             current, longest = [], 0

@@ -166,9 +166,23 @@ def test_micro_batches_cover_every_sample_once_within_budget(lengths, budget):
     from ctu.train.update import micro_batches
 
     batches = micro_batches(lengths, budget)
-    assert [i for b in batches for i in b] == list(range(len(lengths)))
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:
         assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= budget
+    spans = sorted((min(lengths[i] for i in b), max(lengths[i] for i in b)) for b in batches)
+    assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:])), "a row padded past another micro-batch's"
+
+
+def test_micro_batches_pad_rows_only_to_lengths_near_their_own():
+    """Rows packed in the order the episodes finished padded each short one to a long neighbour: one quickstart
+    update (40 rows of 376-610 tokens over a 290-token shared prompt, 1024 tokens a micro-batch) computed 9,487
+    tokens for 7,927 (16% padding); by length, 8,132 (2.5%) in 13 forwards instead of 15."""
+    from ctu.train.update import micro_batches
+
+    lengths = [100, 400] * 8
+    batches = micro_batches(lengths, 800)
+    assert sum(len(b) * max(lengths[i] for i in b) for b in batches) == sum(lengths)  # no padding at all
+    assert len(batches) == 5
 
 
 @given(st.lists(st.integers(1, 300), max_size=40), st.integers(1, 600), st.integers(0, 300))
@@ -177,7 +191,7 @@ def test_micro_batches_count_a_shared_prefix_once(lengths, budget, shared):
 
     shared = min([shared, *lengths])  # a prefix common to every row is no longer than the shortest row
     batches = micro_batches(lengths, budget, shared)
-    assert [i for b in batches for i in b] == list(range(len(lengths)))
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:
         computed = shared + (max(lengths[i] for i in b) - shared) * len(b)
         assert len(b) == 1 or computed <= budget
