@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -170,7 +171,7 @@ def test_micro_batches_cover_every_sample_once_within_budget(lengths, budget):
     for b in batches:
         assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= budget
     spans = sorted((min(lengths[i] for i in b), max(lengths[i] for i in b)) for b in batches)
-    assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:])), "a row padded past another micro-batch's"
+    assert all(hi <= lo for (_, hi), (lo, _) in itertools.pairwise(spans)), "a row padded past another micro-batch's"
 
 
 def test_micro_batches_pad_rows_only_to_lengths_near_their_own():
