@@ -14,8 +14,9 @@ Generation changes its thread count in the thread that generates (torch keeps th
 once it has computed), the warm start and the updates before each forward pass; each only where fewer threads give
 it bit for bit the same results on this CPU and model (a decode and its products at every batch size; a
 micro-batch's gradients and its layers' products at token counts up to its size: checked once per run, the first
-time other programs are busy, :func:`ctu.engines.cpu_threads.check`). Where they do not (a BLAS that splits a product's sums by thread for
-some shapes), it keeps its threads, so that a seed's numbers do not depend on what else runs.
+time other programs are busy, :func:`ctu.engines.cpu_threads.check`). Where they do not (a BLAS that splits a
+product's sums by thread for some shapes), it keeps its threads, so that a seed's numbers do not depend on what
+else runs.
 ``CTU_CPU_THREADS=share`` lets both share regardless.
 """
 

@@ -87,14 +87,11 @@ def micro_batches(lengths: Sequence[int], token_budget: int, shared: int = 0) ->
     """
     batches: list[list[int]] = []
     current: list[int] = []
-    longest = 0
-    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
-        n = lengths[i]
-        if current and shared + (max(longest, n) - shared) * (len(current) + 1) > token_budget:
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):  # each row is its micro-batch's longest so far
+        if current and shared + (lengths[i] - shared) * (len(current) + 1) > token_budget:
             batches.append(current)
-            current, longest = [], 0
+            current = []
         current.append(i)
-        longest = max(longest, n)
     if current:
         batches.append(current)
     return batches
