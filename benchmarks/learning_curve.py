@@ -284,6 +284,22 @@ def arm_summary(runs: list[dict]) -> dict:
     return {"seeds": seeds, "across_seeds": seeds_summary([s["change"] for s in seeds])}
 
 
+def rl_own_part(results: dict) -> dict | None:
+    """RL's own part, what the ``grpo`` arm ends with over the ``replay`` control of the same seed: per seed the
+    change with a paired bootstrap interval over the tasks both evaluated last, and across seeds as
+    :func:`arm_summary`. None without a seed that ran both arms."""
+    ends = {(r["arm"], r["seed"]): r["points"][-1] for r in results.values() if r["arm"] in ("grpo", "replay")}
+    seeds = []
+    for seed in sorted({s for arm, s in ends if arm == "grpo" and ("replay", s) in ends}):
+        rl, replay = ends["grpo", seed], ends["replay", seed]
+        shared = sorted(set(rl.get("tasks") or {}) & set(replay.get("tasks") or {}))
+        change = (paired_change_ci({k: replay["tasks"][k] for k in shared}, {k: rl["tasks"][k] for k in shared})
+                  if shared else None)
+        seeds.append({"seed": seed, "change": rl["success"] - replay["success"],
+                      "ci": [change.low, change.high] if change else None, "tasks": len(shared)})
+    return {"seeds": seeds, "across_seeds": seeds_summary([s["change"] for s in seeds])} if seeds else None
+
+
 def table(results: dict) -> None:
     by_arm: dict[str, list] = {}
     for r in results.values():
@@ -309,6 +325,12 @@ def table(results: dict) -> None:
                 before, after = (behaviours(run["points"][i]["tasks"], run["task_kinds"]) for i in (0, -1))
                 print("    " + ", ".join(f"{name} {before[name][0]:g} -> {after[name][0]:g} of {after[name][1]}"
                                          for name in after))
+    own = rl_own_part(results)
+    if own:
+        s = own["across_seeds"]
+        print(f"RL's own part (grpo over replay, same seed): mean {s['mean']:+.3f} over {s['n']} seeds; " + ", ".join(
+            f"seed {x['seed']} {x['change']:+.3f}" + (f" [{x['ci'][0]:+.3f}, {x['ci'][1]:+.3f}]" if x["ci"] else "")
+            for x in own["seeds"]))
 
 
 def draw(results: dict, path: Path) -> None:

@@ -66,6 +66,31 @@ class TaskSampler:
             picks.append((domain, self.rng.choice(tasks) if within is None else self.rng.choices(tasks, within)[0]))
         return picks
 
+    def pairs(self, n: int) -> list[tuple]:
+        """``n`` contrast pairs (``trainer.contrast_pairs``): tasks drawn as :meth:`sample` draws them, among those
+        with a twin (``Domain.twin_of``), each followed by its twin: ``2 * n`` (domain, task)."""
+        if not hasattr(self, "_twinned"):
+            self._twinned = [[(t, d.twin_of(t)) for t in tasks] for d, tasks in self.pools]
+            self._twinned = [[p for p in pool if p[1] is not None] for pool in self._twinned]
+            bare = [d.name for (d, _), pool in zip(self.pools, self._twinned, strict=True) if not pool]
+            if bare:
+                from ctu.config.schema import ConfigError
+
+                raise ConfigError(f"trainer.contrast_pairs: no training task of {', '.join(bare)} has a contrast twin "
+                                  "(Domain.twin; mini's write requests have one)")
+        picks = []
+        for _ in range(n):
+            k = self.rng.choices(range(len(self.pools)), weights=self.weights)[0]
+            domain, pairs = self.pools[k][0], self._twinned[k]
+            within = self.task_weights[k]
+            if within is None:
+                task, twin = self.rng.choice(pairs)
+            else:
+                weight = dict(zip((t.id for t in self.pools[k][1]), within, strict=True))
+                task, twin = self.rng.choices(pairs, [weight[t.id] for t, _ in pairs])[0]
+            picks += [(domain, task), (domain, twin)]
+        return picks
+
     def state(self):
         return self.rng.getstate()
 

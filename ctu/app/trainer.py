@@ -109,6 +109,8 @@ class Trainer:
         self.sampler = TaskSampler(self.domains, [config.env.weights.get(n, 1.0) for n in config.env.domains],
                                    config.run.seed, config.env.task_weights)
         self.sampler.check_class_field(config.trainer.baseline_by)  # trainer.baseline_by names a task field
+        if config.trainer.contrast_pairs:
+            self.sampler.pairs(0)  # a domain without twins fails here, before any model loads
         if config.trainer.sft_steps > 0 and config.trainer.sft_data is None:
             demo_tasks(self.domains, config.trainer.sft_exclude)
         self.group = build_trainer_group(config)

@@ -180,8 +180,18 @@ def config_problems(config: Config) -> list[str]:
     if t.mini_batches >= 1 and episodes % t.mini_batches:
         problems.append(f"trainer.mini_batches: {t.mini_batches} does not divide the rollout batch of "
                         f"{episodes} episodes (trainer.tasks_per_step x trainer.samples_per_task)")
-    if t.advantage not in ("rloo", "reinforce_pp", "rft", "remax") and t.samples_per_task < 2:
+    if t.advantage not in ("rloo", "reinforce_pp", "rft", "remax") and t.samples_per_task < 2 and not t.contrast_pairs:
         problems.append("trainer.samples_per_task: group advantages need at least 2 samples per task")
+    if t.contrast_pairs:  # a pair is one group, played and scored by the synchronous loop
+        if t.advantage not in ("grpo", "dr_grpo", "rloo"):
+            problems.append(f"trainer.contrast_pairs: a pair is a group, so it needs a group advantage (grpo, dr_grpo "
+                            f"or rloo); trainer.advantage is {t.advantage}")
+        if t.tasks_per_step % 2:
+            problems.append(f"trainer.tasks_per_step: contrast pairs are two tasks each, so it must be even, "
+                            f"got {t.tasks_per_step}")
+        clash = {"trainer.max_staleness": t.max_staleness > 0, "trainer.dynamic_sampling": t.dynamic_sampling}
+        problems += [f"trainer.contrast_pairs: cannot be combined with {k} (pairs are drawn by the synchronous "
+                     "loop)" for k, on in clash.items() if on]
     if t.baseline_by is not None and t.advantage != "reinforce_pp":
         problems.append(f"trainer.baseline_by: a baseline per class of tasks is reinforce_pp's (batch baseline); "
                         f"trainer.advantage is {t.advantage}")

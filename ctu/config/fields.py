@@ -163,6 +163,9 @@ class TrainerConfig:
     # remax: reward minus that of a greedy episode of the same task (played each step, never trained on)
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "rft", "remax"] = "grpo"
     baseline_by: str | None = None  # reinforce_pp: the baseline per class of tasks with equal description[field]
+    # play each drawn task with its contrast twin (the same request where the state calls for the other outcome,
+    # Domain.twin; mini's write requests) as one group: a group advantage then pushes only what tells them apart
+    contrast_pairs: bool = False
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None

@@ -86,3 +86,21 @@ def test_the_replay_control_is_an_arm():
     assert parse_arm("grpo@lr:trainer.lr=3e-4") == ("grpo@lr", "grpo", ["trainer.lr=3e-4"])
     with pytest.raises(SystemExit, match="replay"):
         parse_arm("dpo")
+
+
+def test_rl_own_part_pairs_rl_and_the_replay_alone_on_the_same_tasks():
+    from benchmarks.learning_curve import rl_own_part
+
+    finals = {"grpo": (16, 13), "replay": (12, 13)}  # successes of 20 at the end, seeds 0 and 1
+    results = {f"{arm}/seed_{s}": {"arm": arm, "seed": s, "points": points(10, ends[s])}
+               for arm, ends in finals.items() for s in (0, 1)}
+    results["sft/seed_0"] = {"arm": "sft", "seed": 0, "points": points(10, 20)}  # not part of RL's own part
+    part = rl_own_part(results)
+    assert [s["seed"] for s in part["seeds"]] == [0, 1]
+    assert [s["change"] for s in part["seeds"]] == pytest.approx([0.2, 0.0], abs=1e-12)
+    assert 0.0 < part["seeds"][0]["ci"][0] < 0.2 < part["seeds"][0]["ci"][1]
+    assert part["seeds"][1]["ci"] == pytest.approx([0.0, 0.0], abs=1e-12)
+    assert part["across_seeds"]["mean"] == pytest.approx(0.1, rel=1e-9)
+    del results["replay/seed_1"]  # a seed without its control is left out, not paired with another seed's
+    assert [s["seed"] for s in rl_own_part(results)["seeds"]] == [0]
+    assert rl_own_part({"grpo/seed_0": results["grpo/seed_0"]}) is None

@@ -10,8 +10,8 @@ Everything is re-exported here, so ``from ctu.domains.base import Domain, tool``
 
 from ctu.domains.base.db import DBView, canonical
 from ctu.domains.base.schema import json_schema, validate
-from ctu.domains.base.tasks import Action, Domain, EnvAssertion, Task
+from ctu.domains.base.tasks import TWIN, Action, Domain, EnvAssertion, Task
 from ctu.domains.base.tools import Tool, ToolError, ToolResult, run_tool, to_json_text, tool
 
-__all__ = ["Action", "DBView", "Domain", "EnvAssertion", "Task", "Tool", "ToolError", "ToolResult", "canonical",
+__all__ = ["TWIN", "Action", "DBView", "Domain", "EnvAssertion", "Task", "Tool", "ToolError", "ToolResult", "canonical",
            "json_schema", "run_tool", "to_json_text", "tool", "validate"]

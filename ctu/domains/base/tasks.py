@@ -10,6 +10,7 @@ from ctu.domains.base.db import DBView
 from ctu.domains.base.tools import Tool, ToolResult, run_tool
 
 REQUESTORS = ("assistant", "user")
+TWIN = "~twin"  # the id suffix of a task's contrast twin (Domain.twin)
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,9 @@ class Domain:
     # toolkit runs them when called directly, by the agent or by the user)
     unlisted_tools: tuple[Tool, ...] = ()
     unlisted_user_tools: tuple[Tool, ...] = ()
+    # ``twin(task)``: the contrast task of a training task (``trainer.contrast_pairs``): the same request where the
+    # starting state calls for the other outcome, id ``task.id + TWIN`` (None: the task has none)
+    twin: Callable[[Task], Task | None] | None = None
 
     def policy_for(self, task: Task | None) -> str:
         """The policy the agent is given for ``task`` (the domain's own unless it builds one per task)."""
@@ -190,10 +194,25 @@ class Domain:
         if index is None:
             index = {t.id: t for t in self.tasks}
             object.__setattr__(self, "_task_index", index)
+        task_id = str(task_id)
+        if task_id not in index and task_id.endswith(TWIN) and self.twin is not None:
+            base = index.get(task_id[: -len(TWIN)])
+            twin = self.twin(base) if base is not None else None
+            if twin is not None:  # a twin is rebuilt from its task where it is named (e.g. in a rollout worker)
+                index[task_id] = twin
         try:
-            return index[str(task_id)]
+            return index[task_id]
         except KeyError:
             raise KeyError(f"domain '{self.name}' has no task '{task_id}'") from None
+
+    def twin_of(self, task: Task) -> Task | None:
+        """``task``'s contrast twin (see ``twin``), the same object each time it is asked for; None if it has none."""
+        if self.twin is None or task.id.endswith(TWIN):
+            return None
+        try:
+            return self.task(task.id + TWIN)
+        except KeyError:
+            return None
 
     def split(self, name: str) -> list[Task]:
         if name in ("all", "base") and name not in self.splits:

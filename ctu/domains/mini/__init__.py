@@ -9,9 +9,10 @@ agent's first message to it. Everything is deterministic in the seed.
 from __future__ import annotations
 
 import random
+from functools import partial
 from typing import Annotated
 
-from ctu.domains.base import Action, Domain, Task, ToolError, tool
+from ctu.domains.base import TWIN, Action, Domain, Task, ToolError, tool
 
 POLICY = """You help customers of a small store.
 - First look up the order with get_order.
@@ -102,27 +103,60 @@ def _make_db(rng: random.Random, n_orders: int) -> dict:
     return {"orders": orders}
 
 
-def _make_task(rng: random.Random, n: int, kind: str, order: dict) -> Task:
+def _make_task(rng: random.Random, n: int, kind: str, order: dict, requests: dict[str, tuple]) -> Task:
+    """Task ``n``: a ``kind`` request of ``order``; what its twin is built from goes to ``requests``."""
     oid = order["order_id"]
     address = f"{rng.randint(1, 99)} {rng.choice(STREETS)}"
     while address == order["address"]:
         address = f"{rng.randint(1, 99)} {rng.choice(STREETS)}"
     request = rng.choice(REQUESTS[kind]).format(oid=oid, address=address)
+    requests[f"mini-{n:04d}"] = (n, kind, oid, order["status"], request, address)
+    return _build_task(f"mini-{n:04d}", n, kind, oid, order["status"], request, address)
+
+
+def _build_task(task_id: str, n: int, kind: str, oid: str, status: str, request: str, address: str,
+                initial_state: dict | None = None) -> Task:
+    """A task asking ``request`` of order ``oid`` whose status is ``status`` when the episode starts."""
     actions = [Action("get_order", {"order_id": oid}, action_id=f"mini-{n}-0")]
     communicate: tuple[str, ...] = ()
     basis: tuple[str, ...] = ("DB",)
-    refused = kind != "status" and order["status"] != ALLOWED[kind]
+    refused = kind != "status" and status != ALLOWED[kind]
     if kind == "status" or refused:
-        communicate = (order["status"],)
+        communicate = (status,)
         basis = ("DB", "COMMUNICATE")
     else:
         args = {"order_id": oid, "address": address} if kind == "change_address" else {"order_id": oid}
         actions.append(Action(WRITE_TOOL[kind], args, action_id=f"mini-{n}-1"))
     scenario = {"instructions": {"domain": "mini", "reason_for_call": request, "known_info": f"Your order id is {oid}.",
                                  "task_instructions": ""}, "script": [request]}
-    purpose = f"{kind} ({'refuse: order is ' + order['status'] if refused else 'allowed'})"
-    return Task(id=f"mini-{n:04d}", user_scenario=scenario, actions=tuple(actions), communicate_info=communicate,
-                reward_basis=basis, description={"purpose": purpose, "kind": kind, "refusal": refused})
+    purpose = f"{kind} ({'refuse: order is ' + status if refused else 'allowed'})"
+    return Task(id=task_id, user_scenario=scenario, actions=tuple(actions), communicate_info=communicate,
+                reward_basis=basis, description={"purpose": purpose, "kind": kind, "refusal": refused},
+                initial_state=initial_state)
+
+
+def set_order_status(db, order_id: str, status: str) -> None:
+    """An initialization function (a twin task's starting state): order ``order_id`` has ``status``."""
+    if status not in STATUSES:
+        raise ValueError(f"unknown order status {status!r} (known: {', '.join(STATUSES)})")
+    db.edit("orders", _order(db, order_id)["order_id"])["status"] = status
+
+
+def _twin(requests: dict[str, tuple], task: Task) -> Task | None:
+    """The contrast task of a write request (``trainer.contrast_pairs``): the same request, words and order, with
+    the order's status set at the start to one that calls for the other outcome (a refused request's twin is
+    allowed, an allowed one's refused); None for a status request."""
+    if task.id not in requests or task.description["kind"] == "status":
+        return None
+    n, kind, oid, status, request, address = requests[task.id]
+    if status == ALLOWED[kind]:
+        others = [s for s in STATUSES if s != ALLOWED[kind]]
+        status = others[n % len(others)]
+    else:
+        status = ALLOWED[kind]
+    start = {"initialization_actions": [{"env_type": "assistant", "func_name": "set_order_status",
+                                         "arguments": {"order_id": oid, "status": status}}]}
+    return _build_task(f"{task.id}{TWIN}", n, kind, oid, status, request, address, initial_state=start)
 
 
 def _closing(task: Task) -> str:
@@ -138,7 +172,8 @@ def load(data_dir: str | None = None, seed: int = 0, n_tasks: int = 300, test_fr
     db = _make_db(rng, n_orders=120)
     orders = list(db["orders"].values())
     kinds = ["status", "cancel", "change_address", "return"]
-    tasks = []
+    tasks: list[Task] = []
+    requests: dict[str, tuple] = {}  # what a twin task is built from
     for n in range(n_tasks):
         kind = kinds[n % len(kinds)]
         if kind == "status":
@@ -147,10 +182,11 @@ def load(data_dir: str | None = None, seed: int = 0, n_tasks: int = 300, test_fr
             pool = [o for o in orders if o["status"] != ALLOWED[kind]]
         else:
             pool = [o for o in orders if o["status"] == ALLOWED[kind]]
-        tasks.append(_make_task(rng, n, kind, rng.choice(pool)))
+        tasks.append(_make_task(rng, n, kind, rng.choice(pool), requests))
     ids = [t.id for t in tasks]
     rng.shuffle(ids)
     n_test = int(len(ids) * test_fraction)
     splits = {"train": tuple(sorted(ids[n_test:])), "test": tuple(sorted(ids[:n_test]))}
     return Domain(name="mini", policy=POLICY, tools=TOOLS, db=db, tasks=tuple(tasks), splits=splits,
-                  transfer_tool=None, agent_instruction=AGENT_INSTRUCTION, closing=_closing)
+                  transfer_tool=None, agent_instruction=AGENT_INSTRUCTION, closing=_closing,
+                  functions={"assistant": {"set_order_status": set_order_status}}, twin=partial(_twin, requests))

@@ -1,6 +1,8 @@
 import asyncio
 import json
 
+import pytest
+
 from ctu.domains.base import canonical, run_tool
 from ctu.domains.mini import load
 from ctu.episode.env import AgentTurn, Episode, ToolCall
@@ -86,3 +88,39 @@ def test_the_prompt_is_short():
 
     text = system_prompt(DOMAIN) + json.dumps([t["function"] for t in DOMAIN.openai_tools()])
     assert len(text) <= 1800
+
+
+def test_each_write_request_has_a_twin_asking_the_same_of_an_order_whose_status_calls_for_the_other_outcome():
+    from ctu.domains.mini import ALLOWED
+
+    twinned = 0
+    for task in DOMAIN.tasks:
+        twin = DOMAIN.twin_of(task)
+        if task.description["kind"] == "status":
+            assert twin is None
+            continue
+        twinned += 1
+        assert twin.id == task.id + "~twin" and DOMAIN.task(twin.id) is twin and DOMAIN.twin_of(task) is twin
+        assert twin.user_scenario == task.user_scenario  # the same words, the same order
+        assert twin.description["kind"] == task.description["kind"]
+        assert twin.description["refusal"] != task.description["refusal"]
+        (init,) = twin.initial_state["initialization_actions"]
+        status = init["arguments"]["status"]
+        assert (status == ALLOWED[task.description["kind"]]) == task.description["refusal"]
+        assert DOMAIN.initial_db(twin).get("orders", task.actions[0].arguments["order_id"])["status"] == status
+        # the twin's gold scores 1; the task's own gold (the other outcome) scores 0 on the twin
+        assert score_transcript(DOMAIN, twin, gold_transcript(DOMAIN, twin), "user_stop").reward == 1.0
+        assert score_transcript(DOMAIN, twin, gold_transcript(DOMAIN, task), "user_stop").reward == 0.0
+        assert DOMAIN.twin_of(twin) is None
+    assert twinned >= 200
+    assert canonical(DOMAIN.db) == canonical(load(seed=0).db)  # a twin's start changes no other episode's
+
+
+def test_a_twin_is_found_by_its_id_in_a_fresh_copy_of_the_domain():
+    task = next(t for t in DOMAIN.tasks if t.description["kind"] == "return")
+    fresh = load(seed=0)  # e.g. a rollout worker that rebuilds episodes by task id
+    assert fresh.task(task.id + "~twin") == DOMAIN.twin_of(task)
+    status = next(t for t in DOMAIN.tasks if t.description["kind"] == "status")
+    for missing in (status.id + "~twin", "mini-9999~twin"):
+        with pytest.raises(KeyError, match="no task"):
+            fresh.task(missing)
