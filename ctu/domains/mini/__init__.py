@@ -146,9 +146,11 @@ def _twin(requests: dict[str, tuple], task: Task) -> Task | None:
     """The contrast task of a write request (``trainer.contrast_pairs``): the same request, words and order, with
     the order's status set at the start to one that calls for the other outcome (a refused request's twin is
     allowed, an allowed one's refused); None for a status request."""
-    if task.id not in requests or task.description["kind"] == "status":
+    if task.id not in requests:
         return None
     n, kind, oid, status, request, address = requests[task.id]
+    if kind == "status":
+        return None
     if status == ALLOWED[kind]:
         others = [s for s in STATUSES if s != ALLOWED[kind]]
         status = others[n % len(others)]
