@@ -69,10 +69,14 @@ class TaskSampler:
     def pairs(self, n: int) -> list[tuple]:
         """``n`` contrast pairs (``trainer.contrast_pairs``): tasks drawn as :meth:`sample` draws them, among those
         with a twin (``Domain.twin_of``), each followed by its twin: ``2 * n`` (domain, task)."""
-        if not hasattr(self, "_twinned"):
-            self._twinned = [[(t, d.twin_of(t)) for t in tasks] for d, tasks in self.pools]
-            self._twinned = [[p for p in pool if p[1] is not None] for pool in self._twinned]
-            bare = [d.name for (d, _), pool in zip(self.pools, self._twinned, strict=True) if not pool]
+        if not hasattr(self, "_twinned"):  # per pool: its (task, twin) pairs and their weights (None: uniform)
+            self._twinned = []
+            for (d, tasks), within in zip(self.pools, self.task_weights, strict=True):
+                kept = [(i, t, d.twin_of(t)) for i, t in enumerate(tasks)]
+                kept = [k for k in kept if k[2] is not None]
+                self._twinned.append(([(t, twin) for _, t, twin in kept],
+                                      None if within is None else [within[i] for i, _, _ in kept]))
+            bare = [d.name for (d, _), (pairs, _) in zip(self.pools, self._twinned, strict=True) if not pairs]
             if bare:
                 from ctu.config.schema import ConfigError
 
@@ -81,14 +85,9 @@ class TaskSampler:
         picks = []
         for _ in range(n):
             k = self.rng.choices(range(len(self.pools)), weights=self.weights)[0]
-            domain, pairs = self.pools[k][0], self._twinned[k]
-            within = self.task_weights[k]
-            if within is None:
-                task, twin = self.rng.choice(pairs)
-            else:
-                weight = dict(zip((t.id for t in self.pools[k][1]), within, strict=True))
-                task, twin = self.rng.choices(pairs, [weight[t.id] for t, _ in pairs])[0]
-            picks += [(domain, task), (domain, twin)]
+            pairs, within = self._twinned[k]
+            task, twin = self.rng.choice(pairs) if within is None else self.rng.choices(pairs, within)[0]
+            picks += [(self.pools[k][0], task), (self.pools[k][0], twin)]
         return picks
 
     def state(self):
