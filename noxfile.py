@@ -3,6 +3,7 @@
 
 import os
 import re
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -34,7 +35,17 @@ def lint(session: nox.Session) -> None:
         session.error(f"nox -s lint runs in ctu's dev venv and needs {', '.join(missing)} there: "
                       "pip install -e '.[dev,distributed]' first (README)")
     session.run("python", "-m", "ruff", "check", "ctu", "tests", "benchmarks", "scripts", "conftest.py", "noxfile.py")
-    session.run("python", "-m", "mypy")
+    # No cache (CI is cold anyway, ~40 s): mypy 2.x keeps it in sqlite files, and one CI run crashed inside mypy
+    # before checking a module, with nothing to tell why. A crash (exit 2, not a type error's 1) prints its
+    # traceback and is run once more; type errors fail at once.
+    mypy = ["python", "-m", "mypy", "--show-traceback", "--cache-dir=/dev/null"]
+    session.log(" ".join(mypy))
+    rc = subprocess.run(mypy).returncode
+    if rc == 2:
+        session.warn("mypy crashed inside itself (exit 2, traceback above); running it once more")
+        rc = subprocess.run(mypy).returncode
+    if rc:
+        session.error(f"mypy failed (exit {rc})")
 
 
 @nox.session
