@@ -38,8 +38,8 @@ def collect_now(trainer) -> tuple[list[Trajectory], list[str], TrainingRewards, 
     shaped: list[float] = []
     needed, draws = t.tasks_per_step, 0
     while True:
-        # trainer.contrast_pairs: each task and its twin are one group (their samples, the task's first)
-        picks = trainer.sampler.pairs(needed // 2) if t.contrast_pairs else trainer.sampler.sample(needed)
+        # trainer.contrast_pairs: each task and its twin (or, contrast_pairs_all, itself again) are one group
+        picks = trainer.sampler.pairs(needed // 2, t.contrast_pairs_all) if t.contrast_pairs else trainer.sampler.sample(needed)
         specs = [EpisodeSpec(d, task, s) for d, task in picks for s in range(t.samples_per_task)]
         seed = trainer.config.run.seed * 1_000_003 + trainer.step * 7919 + draws * 104_729
         batch = trainer._rollout(specs, trainer.config.sampling.temperature, seed=seed)

@@ -66,26 +66,30 @@ class TaskSampler:
             picks.append((domain, self.rng.choice(tasks) if within is None else self.rng.choices(tasks, within)[0]))
         return picks
 
-    def pairs(self, n: int) -> list[tuple]:
+    def pairs(self, n: int, untwinned: bool = False) -> list[tuple]:
         """``n`` contrast pairs (``trainer.contrast_pairs``): tasks drawn as :meth:`sample` draws them, among those
-        with a twin (``Domain.twin_of``), each followed by its twin: ``2 * n`` (domain, task)."""
-        if not hasattr(self, "_twinned"):  # per pool: its (task, twin) pairs and their weights (None: uniform)
-            self._twinned = []
-            for (d, tasks), within in zip(self.pools, self.task_weights, strict=True):
-                kept = [(i, t, d.twin_of(t)) for i, t in enumerate(tasks)]
-                kept = [k for k in kept if k[2] is not None]
-                self._twinned.append(([(t, twin) for _, t, twin in kept],
-                                      None if within is None else [within[i] for i, _, _ in kept]))
-            bare = [d.name for (d, _), (pairs, _) in zip(self.pools, self._twinned, strict=True) if not pairs]
+        with a twin (``Domain.twin_of``), each followed by its twin: ``2 * n`` (domain, task). ``untwinned``
+        (``trainer.contrast_pairs_all``): drawn among all tasks, one without a twin followed by itself."""
+        if not hasattr(self, "_twins"):  # per pool: each task's twin (None: it has none)
+            self._twins = [[d.twin_of(t) for t in tasks] for d, tasks in self.pools]
+            bare = [d.name for (d, _), twins in zip(self.pools, self._twins, strict=True) if not any(twins)]
             if bare:
                 from ctu.config.schema import ConfigError
 
                 raise ConfigError(f"trainer.contrast_pairs: no training task of {', '.join(bare)} has a contrast twin "
                                   "(Domain.twin; mini's write requests have one)")
+            # the pairs each draw picks from, and their weights (None: uniform): twinned tasks, or all
+            self._pairs = {}
+            for every in (False, True):
+                self._pairs[every] = []
+                for (_, tasks), twins, within in zip(self.pools, self._twins, self.task_weights, strict=True):
+                    kept = [i for i, twin in enumerate(twins) if every or twin is not None]
+                    self._pairs[every].append(([(tasks[i], twins[i] or tasks[i]) for i in kept],
+                                               None if within is None else [within[i] for i in kept]))
         picks = []
         for _ in range(n):
             k = self.rng.choices(range(len(self.pools)), weights=self.weights)[0]
-            pairs, within = self._twinned[k]
+            pairs, within = self._pairs[untwinned][k]
             task, twin = self.rng.choice(pairs) if within is None else self.rng.choices(pairs, within)[0]
             picks += [(self.pools[k][0], task), (self.pools[k][0], twin)]
         return picks

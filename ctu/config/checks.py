@@ -192,6 +192,9 @@ def config_problems(config: Config) -> list[str]:
         clash = {"trainer.max_staleness": t.max_staleness > 0, "trainer.dynamic_sampling": t.dynamic_sampling}
         problems += [f"trainer.contrast_pairs: cannot be combined with {k} (pairs are drawn by the synchronous "
                      "loop)" for k, on in clash.items() if on]
+    if t.contrast_pairs_all and not t.contrast_pairs:
+        problems.append("trainer.contrast_pairs_all: draws contrast pairs from every task, so it needs "
+                        "trainer.contrast_pairs: true")
     if t.baseline_by is not None and t.advantage != "reinforce_pp":
         problems.append(f"trainer.baseline_by: a baseline per class of tasks is reinforce_pp's (batch baseline); "
                         f"trainer.advantage is {t.advantage}")

@@ -166,6 +166,9 @@ class TrainerConfig:
     # play each drawn task with its contrast twin (the same request where the state calls for the other outcome,
     # Domain.twin; mini's write requests) as one group: a group advantage then pushes only what tells them apart
     contrast_pairs: bool = False
+    # with contrast_pairs: draw from every training task (as without pairs), and play a task without a twin twice
+    # as its group (mini's status requests), so the pairs do not starve what has no twin
+    contrast_pairs_all: bool = False
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
