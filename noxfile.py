@@ -35,9 +35,10 @@ def lint(session: nox.Session) -> None:
         session.error(f"nox -s lint runs in ctu's dev venv and needs {', '.join(missing)} there: "
                       "pip install -e '.[dev,distributed]' first (README)")
     session.run("python", "-m", "ruff", "check", "ctu", "tests", "benchmarks", "scripts", "conftest.py", "noxfile.py")
-    # No cache (CI is cold anyway, ~40 s): mypy 2.x keeps it in sqlite files, and one CI run crashed inside mypy
-    # before checking a module, with nothing to tell why. A crash (exit 2, not a type error's 1) prints its
-    # traceback and is run once more; type errors fail at once.
+    # No cache (CI is cold anyway, ~40 s): mypy 2.x opens its cache as sqlite files, which crashes inside mypy
+    # where no cache exists yet or the file system's locks fail (github.com/python/mypy/issues/21769 and 22010;
+    # one CI run of a fresh clone ended so). A crash (exit 2, not a type error's 1) prints its traceback and is
+    # run once more; type errors fail at once.
     mypy = ["python", "-m", "mypy", "--show-traceback", "--cache-dir=/dev/null"]
     session.log(" ".join(mypy))
     rc = subprocess.run(mypy).returncode
