@@ -79,7 +79,7 @@ class TaskSampler:
                 raise ConfigError(f"trainer.contrast_pairs: no training task of {', '.join(bare)} has a contrast twin "
                                   "(Domain.twin; mini's write requests have one)")
             # the pairs each draw picks from, and their weights (None: uniform): twinned tasks, or all
-            self._pairs = {}
+            self._pairs: dict[bool, list[tuple[list[tuple], list[float] | None]]] = {}
             for every in (False, True):
                 self._pairs[every] = []
                 for (_, tasks), twins, within in zip(self.pools, self._twins, self.task_weights, strict=True):
