@@ -70,9 +70,9 @@ class TaskSampler:
         """``n`` contrast pairs (``trainer.contrast_pairs``): tasks drawn as :meth:`sample` draws them, among those
         with a twin (``Domain.twin_of``), each followed by its twin: ``2 * n`` (domain, task). ``untwinned``
         (``trainer.contrast_pairs_all``): drawn among all tasks, one without a twin followed by itself."""
-        if not hasattr(self, "_twins"):  # per pool: each task's twin (None: it has none)
-            self._twins = [[d.twin_of(t) for t in tasks] for d, tasks in self.pools]
-            bare = [d.name for (d, _), twins in zip(self.pools, self._twins, strict=True) if not any(twins)]
+        if not hasattr(self, "_pairs"):
+            twins_of = [[d.twin_of(t) for t in tasks] for d, tasks in self.pools]  # None: the task has no twin
+            bare = [d.name for (d, _), twins in zip(self.pools, twins_of, strict=True) if not any(twins)]
             if bare:
                 from ctu.config.schema import ConfigError
 
@@ -82,7 +82,7 @@ class TaskSampler:
             self._pairs: dict[bool, list[tuple[list[tuple], list[float] | None]]] = {}
             for every in (False, True):
                 self._pairs[every] = []
-                for (_, tasks), twins, within in zip(self.pools, self._twins, self.task_weights, strict=True):
+                for (_, tasks), twins, within in zip(self.pools, twins_of, self.task_weights, strict=True):
                     kept = [i for i, twin in enumerate(twins) if every or twin is not None]
                     self._pairs[every].append(([(tasks[i], twins[i] or tasks[i]) for i in kept],
                                                None if within is None else [within[i] for i in kept]))
