@@ -247,12 +247,13 @@ class HFEngine(Engine):
             return
         from ctu.engines.share_probe import decode_probe
 
-        store, steps = self.kv_store, self.decode_steps
+        store, steps, share = self.kv_store, self.decode_steps, self._share
         self.kv_store = None  # the probe's prompts are not kept for reuse
+        self._share = None  # its decode steps run at the count the check sets, not paced to another
         try:
             line = cpu_threads.check("generation", decode_probe(self))
         finally:
-            self.kv_store, self.decode_steps = store, steps
+            self.kv_store, self.decode_steps, self._share = store, steps, share
         if line:
             print(line, flush=True)
 

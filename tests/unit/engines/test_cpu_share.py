@@ -225,6 +225,43 @@ def test_generation_keeps_its_threads_where_fewer_change_a_smaller_batchs_produc
     assert (cpu_threads.generation_share() is None) == bool(differ)
 
 
+def test_generations_check_runs_at_the_counts_it_compares_whatever_share_the_engine_last_paced_by(engine, monkeypatch):
+    """The check's decode paced itself between steps by the share the engine's last generation left: a quiet share
+    set 2 threads back after the first step, the products ran at 2 on both sides and "the same bits" let generation
+    share where 5-7-row products differ (README's test command on a Sapphire Rapids)."""
+    from ctu.engines import cpu_threads
+
+    virtual_blas(monkeypatch, (5, 6, 7), 2)
+    monkeypatch.setattr(cpu_threads, "_share", Busy(2))
+    monkeypatch.setattr(cpu_threads, "_invariant", {})
+    engine._net, engine._share = engine.model, Quiet(2)  # what a generation on a quiet machine leaves
+    try:
+        with torch.no_grad():
+            engine._check_sharing()
+        assert engine._share is not None  # given back after the probe
+    finally:
+        engine._net, engine._share = None, None
+    assert cpu_threads._invariant == {"generation": False}
+
+
+def test_a_check_whose_pass_changes_its_own_thread_count_vouches_for_nothing(monkeypatch):
+    from ctu.engines import cpu_threads
+
+    monkeypatch.setattr(cpu_threads, "_share", Busy(2))
+    monkeypatch.setattr(cpu_threads, "_invariant", {})
+    monkeypatch.setattr(cpu_threads, "_differ_at", {})
+    before = torch.get_num_threads()
+    try:
+        def compute():
+            torch.set_num_threads(2)  # as a pass paced back to the full count would
+            return [torch.ones(3)]
+
+        line = cpu_threads.check("generation", compute)
+    finally:
+        torch.set_num_threads(before)
+    assert cpu_threads._invariant == {"generation": False} and "keeps 2" in line
+
+
 def test_generation_that_keeps_its_threads_keeps_them_after_an_update_shared(engine, monkeypatch):
     """A shared update leaves torch's last-set count at 1, and a thread that first computes after it (asyncio's
     workers, new each rollout) would take that count: generation that must keep its threads (its decode differs on
