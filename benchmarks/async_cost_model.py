@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     costs = Costs(**{name: getattr(args, name) for name in vars(Costs())})
     from transformers import AutoTokenizer
 
-    from ctu.engines.models import smollm2_tokenizer_dir
+    from ctu.engines.hf.models import smollm2_tokenizer_dir
     from ctu.rollout.chat import ChatFormat
 
     chat = ChatFormat(AutoTokenizer.from_pretrained(smollm2_tokenizer_dir()))

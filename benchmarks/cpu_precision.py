@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from ctu.engines.precision import cpu_bf16_support, resolve_autocast
+from ctu.engines.cpu.precision import cpu_bf16_support, resolve_autocast
 
 
 def gflops(dtype: torch.dtype, m: int, k: int, n: int, seconds: float) -> float:

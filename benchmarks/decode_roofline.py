@@ -24,15 +24,15 @@ import os
 import time
 from contextlib import nullcontext
 
-from ctu.engines import cpu_threads
+from ctu.engines.cpu import cpu_threads
 
 CHOICE = cpu_threads.apply()  # threads and OpenMP waits as ``ctu`` sets them: before torch loads
 
 import torch  # noqa: E402
 
 from ctu.engines.base import SamplingParams  # noqa: E402
-from ctu.engines.hf import HFEngine  # noqa: E402
-from ctu.engines.models import load_model, load_tokenizer  # noqa: E402
+from ctu.engines.hf.engine import HFEngine  # noqa: E402
+from ctu.engines.hf.models import load_model, load_tokenizer  # noqa: E402
 
 
 def best_seconds(fn, repeats: int = 5) -> float:
@@ -119,13 +119,13 @@ def engine_decode(model, tokenizer, prompts, new_tokens: int, autocast: bool) ->
         if autocast == "fullsort":  # top-p as before: every row's whole vocabulary sorted
             from unittest import mock
 
-            import ctu.engines.hf as hf
+            import ctu.engines.hf.engine as hf
 
             ctx = mock.patch.object(hf, "nucleus", functools.partial(hf.nucleus, first=10 ** 9))
         elif autocast == "cat":  # the KV cache grown by torch.cat every step, as before its buffers
             from unittest import mock
 
-            import ctu.engines.hf as hf
+            import ctu.engines.hf.engine as hf
 
             ctx = mock.patch.object(hf, "preallocate", lambda cache, more: None)
         elif autocast == "copy":

@@ -1,4 +1,4 @@
-"""What fixing glibc's mmap threshold (``CTU_HEAP_BOUND=1``: ``ctu.engines.host_memory.bound_heap``, in every
+"""What fixing glibc's mmap threshold (``CTU_HEAP_BOUND=1``: ``ctu.engines.cpu.host_memory.bound_heap``, in every
 process that loads a model) costs and saves: RL updates of the quickstart's policy (SmolLM2-135M + LoRA, fp32, ``trainer.*`` of
 ``configs/quickstart.yaml``) on synthetic episodes of the quickstart's shape, each setting in its own process
 (without it: glibc's dynamic default; both trim the heap after every micro-batch), run

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ctu.domains import get_domain  # noqa: E402
 from ctu.engines.base import Completion, Engine, SamplingParams  # noqa: E402
-from ctu.engines.models import load_tokenizer, resolve_model  # noqa: E402
+from ctu.engines.hf.models import load_tokenizer, resolve_model  # noqa: E402
 from ctu.episode.users.llm import LLMUser, LLMUserConfig  # noqa: E402
 from ctu.rollout.chat import ChatFormat  # noqa: E402
 from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout  # noqa: E402

@@ -14,8 +14,8 @@ import time
 
 from ctu.domains import get_domain
 from ctu.engines.base import SamplingParams
-from ctu.engines.hf import HFEngine
-from ctu.engines.models import load_model, load_tokenizer
+from ctu.engines.hf.engine import HFEngine
+from ctu.engines.hf.models import load_model, load_tokenizer
 from ctu.episode.users.scripted import ScriptedUser
 from ctu.rollout.chat import ChatFormat
 from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout

@@ -27,7 +27,7 @@ from dataclasses import replace
 import torch
 
 from ctu.config.schema import load_config
-from ctu.engines.models import load_model, load_tokenizer
+from ctu.engines.hf.models import load_model, load_tokenizer
 from ctu.episode.users.base import UserSession, UserSimulator
 from ctu.rollout.components import build_chat, build_domains, build_engine, build_user, sampling_params
 from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout

@@ -20,8 +20,7 @@ def child(variant: str, steps: int, overrides: list[str]) -> None:
     import resource
     import time
 
-    from ctu.engines import cpu_threads
-
+    from ctu.engines.cpu import cpu_threads
     cpu_threads.apply()
     import torch
 

@@ -24,7 +24,7 @@ def child(args) -> None:
 
     import ctu.train.logprobs as logprobs
     from ctu.config.schema import load_config
-    from ctu.engines.models import smollm2_tokenizer_dir
+    from ctu.engines.hf.models import smollm2_tokenizer_dir
     from ctu.train.policy import build_policy
     from ctu.train.update import policy_update, to_sample
 

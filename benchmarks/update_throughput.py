@@ -43,7 +43,7 @@ def main() -> None:
 
     from ctu.config.schema import load_config
     from ctu.distributed.group import lr_schedule
-    from ctu.engines.models import smollm2_tokenizer_dir
+    from ctu.engines.hf.models import smollm2_tokenizer_dir
     from ctu.train.policy import assert_precision_policy, build_policy
     from ctu.train.update import policy_update, to_sample
 

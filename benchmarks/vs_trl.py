@@ -40,7 +40,7 @@ def ctu_half(threads: int, repeats: int, workdir: str) -> tuple[str, list[str], 
 
     from ctu.app.trainer import Trainer
     from ctu.config.schema import load_config
-    from ctu.engines.models import resolve_model
+    from ctu.engines.hf.models import resolve_model
 
     torch.set_num_threads(threads)
     overrides = [

@@ -7,7 +7,7 @@ import pytest
 def chat_format():
     from transformers import AutoTokenizer
 
-    from ctu.engines.models import smollm2_tokenizer_dir
+    from ctu.engines.hf.models import smollm2_tokenizer_dir
     from ctu.rollout.chat import ChatFormat
 
     return ChatFormat(AutoTokenizer.from_pretrained(smollm2_tokenizer_dir()))

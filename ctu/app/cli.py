@@ -362,8 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``ctu`` program (``argv`` None), its command line is redacted once parsed, and both stay so until it exits
     (a ``--debug`` traceback included)."""
     from ctu.config.redact_io import redact_argv, redact_stream, redacted_console
-    from ctu.engines import cpu_threads
-
+    from ctu.engines.cpu import cpu_threads
     cpu_threads.apply()  # OpenMP reads its wait policy when torch loads: before any command imports torch
     if argv is None:
         redact_stream(sys.stdout)

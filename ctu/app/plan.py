@@ -54,7 +54,7 @@ micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
 - export (:func:`ctu.app.plan_terms.export_transient`, ``trainer.export``): after the final evaluation, engine awake: one
   fp32 merge or cast in one process, the gathered fp32 stream (and rank 0's fp32 adapter) over N ranks; rank 0
   fills one fp32 model in host RAM (:func:`ctu.app.plan_terms.export_host_bytes`, shown as ``host_export``).
-- autocast (one process, compute dtype below fp32, no cast cache: :mod:`ctu.engines.precision`): casts of the
+- autocast (one process, compute dtype below fp32, no cast cache: :mod:`ctu.engines.cpu.precision`): casts of the
   fp32 weights live as long as their use; without checkpointing backward saves them all (b x trainable), with
   it one at a time (the largest: lm_head, b V h).
 

@@ -8,7 +8,7 @@ vllm/v1/worker/gpu_worker.py) and are not counted in ``gpu_memory_utilization`` 
 ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1``; sleep (either level) frees only the weights and KV cache pools, so the
 graphs stay while the engine sleeps. Level 1 offloads the weights to pinned host RAM, level 2 discards them.
 
-A sync wakes a sleeping engine in steps (ctu/engines/vllm.py, ctu/train/sync.py): ``update_weights`` wakes the weights,
+A sync wakes a sleeping engine in steps (ctu/engines/vllm/engine.py, ctu/train/sync.py): ``update_weights`` wakes the weights,
 loads the stream, then wakes the KV cache; ``update_adapter`` writes the adapter to host first, then wakes both; Ray
 trainer ranks gather and pack the merged weights to the object store before any engine is asked to load them. So what
 the engine holds while the sync's transient lives depends on the path (:func:`sync_engine_state`). At the end of a
@@ -56,7 +56,7 @@ ARCHITECTURES = {  # from each model's config.json on the Hugging Face hub
     "qwen3-4b": Arch(2560, 36, 32, 8, 9728, 151936, True, head_dim=128, qk_norm=True),
     "qwen3-8b": Arch(4096, 36, 32, 8, 12288, 151936, False, head_dim=128, qk_norm=True),
     "smollm2-135m": Arch(576, 30, 9, 3, 1536, 49152, True),
-    "tiny-random": Arch(64, 2, 4, 2, 128, 49152, True, head_dim=16),  # ctu.engines.models._build_tiny_random
+    "tiny-random": Arch(64, 2, 4, 2, 128, 49152, True, head_dim=16),  # ctu.engines.hf.models._build_tiny_random
 }
 
 

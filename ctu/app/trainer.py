@@ -36,8 +36,8 @@ from ctu.config.schema import Config, ConfigError, save_config, to_dict, trainin
 from ctu.distributed.group import LocalTrainer, TrainerGroup, sft_batches
 from ctu.distributed.pool import RolloutPool
 from ctu.distributed.ray_setup import preflight
-from ctu.engines import cpu_threads
-from ctu.engines.host_memory import release_memory
+from ctu.engines.cpu import cpu_threads
+from ctu.engines.cpu.host_memory import release_memory
 from ctu.observe.metrics import distribution, mean, peak_rss_gib
 from ctu.observe.tracking import Tracker, eval_phase, record_eval
 from ctu.rl.advantages import scored_advantages

@@ -28,7 +28,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.5
     # After every weight sync a fixed probe sequence is scored by the engine and by the trainer;
     # the run stops when the largest per-token logprob difference exceeds this.
-    parity_tolerance: float | None = None  # null: from the dtypes (ctu.engines.parity.default_parity_tolerance)
+    parity_tolerance: float | None = None  # null: from the dtypes (ctu.engines.checks.parity.default_parity_tolerance)
     parity_probe_tokens: int = 16
     # vllm: merged HF weights, or the LoRA adapter (new id per version); auto: the adapter for LoRA on vLLM
     # without Ray rollout workers, else merged (see weight_sync_mode)
@@ -37,7 +37,7 @@ class EngineConfig:
     kv_reuse: bool = True  # hf: keep each episode's KV cache across its turns (false: prefill every prompt whole)
     kv_cache_tokens: int = 32768  # hf: at most this many tokens' KV kept between calls (least recently used dropped)
     # hf on CPU: decode with a bf16 copy of fp32 weights (LoRA merged, remade after each update); auto: where the CPU
-    # computes bf16 natively (AVX512-BF16, AMX). Other precision, other sampled tokens (ctu.engines.decode_copy):
+    # computes bf16 natively (AVX512-BF16, AMX). Other precision, other sampled tokens (ctu.engines.hf.decode_copy):
     # float32 by default until the presets' results are measured with bf16 decoding on every seed
     decode_dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     # served (docs/served.md): start `python -m vllm.entrypoints.openai.api_server` (else attach to base_url)

@@ -34,8 +34,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ctu.engines.hf_api import checkpointing_enabled, enable_checkpointing
-from ctu.engines.precision import COMPUTE_DEVICE_ATTR, COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR
+from ctu.engines.cpu.precision import COMPUTE_DEVICE_ATTR, COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR
+from ctu.engines.hf.hf_api import checkpointing_enabled, enable_checkpointing
 from ctu.train.policy import Policy, _reshard, reshard
 from ctu.train.weights import hf_name, lora_modules
 

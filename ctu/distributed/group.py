@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from ctu.engines import cpu_threads
-from ctu.engines.cpu_share import pace_training
-from ctu.engines.cpu_threads import training_share
+from ctu.engines.cpu import cpu_threads
+from ctu.engines.cpu.cpu_share import pace_training
+from ctu.engines.cpu.cpu_threads import training_share
 from ctu.train.update import Sample
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
@@ -148,7 +148,7 @@ class TrainerGroup(ABC):
 
     def release_memory(self) -> None:
         """Give freed host memory back and empty the CUDA cache (before a colocated engine starts or wakes)."""
-        from ctu.engines.host_memory import release_memory
+        from ctu.engines.cpu.host_memory import release_memory
 
         release_memory()
 
@@ -184,7 +184,7 @@ class LocalTrainer(TrainerGroup):
 
     def _check_threads(self) -> None:
         """Before a step, the first time other programs are busy: whether the updates may share the CPUs (the same
-        gradients with fewer threads; :func:`ctu.engines.cpu_threads.check`)."""
+        gradients with fewer threads; :func:`ctu.engines.cpu.cpu_threads.check`)."""
         if self.policy.device.type != "cpu" or not cpu_threads.due("training"):
             return
         from ctu.train.gradient_probe import micro_batch_gradients
@@ -208,7 +208,7 @@ class LocalTrainer(TrainerGroup):
         return sequence_kl(self.policy, samples, self.config.trainer, temperature)
 
     def sft(self, demos, batches, on_step=None):
-        from ctu.engines.host_memory import release_memory
+        from ctu.engines.cpu.host_memory import release_memory
         from ctu.train.update import check_loss, sft_update
 
         t = self.config.trainer

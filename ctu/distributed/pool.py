@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ctu.engines.base import Engine, SamplingParams
-from ctu.engines.parity import PROBE_PROMPT, ScoreFn, probe_parity
+from ctu.engines.checks.parity import PROBE_PROMPT, ScoreFn, probe_parity
 from ctu.rollout.loop import EpisodeSpec, RolloutLimits, Trajectory, rollout
 
 NamedTensors = Iterable[tuple[str, object]]
@@ -115,7 +115,7 @@ class RolloutPool(ABC):
     @abstractmethod
     def parity(self, score_fn: ScoreFn, *, temperature: float = 1.0, tokens: int = 16, seed: int = 0,
                prompt_ids: Sequence[int] = PROBE_PROMPT) -> list[float]:
-        """The parity probe (:func:`ctu.engines.parity.probe_parity`) on every engine: one max |engine logprob -
+        """The parity probe (:func:`ctu.engines.checks.parity.probe_parity`) on every engine: one max |engine logprob -
         trainer logprob| per worker, scored by ``score_fn`` (the trainer's, run in this process)."""
 
     @abstractmethod
@@ -123,7 +123,7 @@ class RolloutPool(ABC):
         """Every live engine's stamped weight version (:attr:`ctu.engines.base.Engine.weights_version`)."""
 
     def fingerprints(self) -> list:
-        """Every live engine's :class:`~ctu.engines.fingerprint.Fingerprint` of the weights it holds (None where it
+        """Every live engine's :class:`~ctu.engines.checks.fingerprint.Fingerprint` of the weights it holds (None where it
         cannot tell)."""
         return [None] * self.num_workers
 

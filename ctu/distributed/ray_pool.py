@@ -54,7 +54,7 @@ class RolloutWorker:
     def __init__(self, config, fault_file: str | None = None, index: int = 0):
         import torch
 
-        from ctu.engines.models import load_model, load_tokenizer
+        from ctu.engines.hf.models import load_model, load_tokenizer
         from ctu.rollout import components as build
 
         self.config = config
@@ -114,7 +114,7 @@ class RolloutWorker:
         return self.engine.weights_version
 
     def fingerprint(self) -> list | None:
-        """The engine's fingerprint of the weights it holds (:mod:`ctu.engines.fingerprint`), as a list."""
+        """The engine's fingerprint of the weights it holds (:mod:`ctu.engines.checks.fingerprint`), as a list."""
         found = self.engine.fingerprint()
         return None if found is None else found.as_list()
 
@@ -371,7 +371,7 @@ class RayPool(RolloutPool):
         return self._broadcast("weights_version")
 
     def fingerprints(self) -> list:
-        from ctu.engines.fingerprint import Fingerprint
+        from ctu.engines.checks.fingerprint import Fingerprint
 
         return [Fingerprint.of(f) for f in self._broadcast("fingerprint")]
 

@@ -75,7 +75,7 @@ class TrainerRank:
         import torch.distributed as dist
 
         from ctu.distributed.fsdp import make_reduce, shard_policy
-        from ctu.engines.models import load_tokenizer
+        from ctu.engines.hf.models import load_tokenizer
         from ctu.train.policy import build_policy
 
         cuda = torch.cuda.is_available()
@@ -97,7 +97,7 @@ class TrainerRank:
         return self.policy.precision_note
 
     def release_memory(self) -> None:
-        from ctu.engines.host_memory import release_memory
+        from ctu.engines.cpu.host_memory import release_memory
 
         release_memory()
 
@@ -121,7 +121,7 @@ class TrainerRank:
         return sequence_kl(self.policy, samples, self.config.trainer, temperature, reduce=self.reduce)
 
     def sft_step(self, samples, lr: float, first: bool) -> float:
-        from ctu.engines.host_memory import release_memory
+        from ctu.engines.cpu.host_memory import release_memory
         from ctu.train.update import sft_update
 
         if first:
@@ -252,7 +252,7 @@ class RayTrainerGroup(TrainerGroup):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from ctu.engines.models import load_tokenizer
+        from ctu.engines.hf.models import load_tokenizer
 
         d = config.distributed
         n, m = d.trainer_workers, d.rollout_workers

@@ -55,7 +55,7 @@ WHEEL_FILES = ("db.toml", "user_db.toml", "main_policy.md", "tech_support_manual
 
 def wheel_dirs() -> list[Path]:
     """Where downloaded data wheels are looked for: ctu's cache, then the default one README's command writes."""
-    # ctu's cache folder, by the rule of ctu.engines.models.cache_dir (domains sit below engines in the flow)
+    # ctu's cache folder, by the rule of ctu.engines.hf.models.cache_dir (domains sit below engines in the flow)
     cache = os.environ.get("CTU_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ctu")
     dirs = [Path(cache) / "wheels", Path(os.path.expanduser("~/.cache/ctu/wheels"))]

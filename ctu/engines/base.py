@@ -95,7 +95,7 @@ class Engine(ABC):
         ``version`` (the policy version: the trainer's step) is :attr:`weights_version`."""
 
     def fingerprint(self):
-        """The :class:`~ctu.engines.fingerprint.Fingerprint` of the weights this engine holds, computed from its own
+        """The :class:`~ctu.engines.checks.fingerprint.Fingerprint` of the weights this engine holds, computed from its own
         tensors; None where it cannot tell (then only the version stamp and the parity probe check a load)."""
         return None
 

@@ -43,7 +43,7 @@ def build_domains(config: Config) -> list[Domain]:
 
 
 def build_chat(config: Config, tokenizer: Any = None) -> ChatFormat:
-    from ctu.engines.models import load_tokenizer
+    from ctu.engines.hf.models import load_tokenizer
     from ctu.rollout.chat import ChatFormat
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model.path)
@@ -65,12 +65,12 @@ def build_engine(config: Config, model: Any = None, tokenizer: Any = None) -> En
                            api_key_env=config.engine.api_key_env, timeout=config.engine.timeout,
                            max_retries=config.engine.max_retries)
     if kind == "served":
-        from ctu.engines.served_setup import served_engine
+        from ctu.engines.vllm.served_setup import served_engine
 
         return served_engine(config)
     import torch
 
-    from ctu.engines.vllm import sleep_level_for, vllm_dtype
+    from ctu.engines.vllm.engine import sleep_level_for, vllm_dtype
 
     return make_engine("vllm", model_path=config.model.path, dtype=vllm_dtype(config.model.dtype, torch.cuda.is_available()),
                        gpu_memory_utilization=config.engine.gpu_memory_utilization, seed=config.run.seed,

@@ -18,7 +18,7 @@ from typing import Any
 
 from ctu.domains.base import Domain, Task
 from ctu.engines.base import Completion, Engine, SamplingParams
-from ctu.engines.remote import RemoteEngineError
+from ctu.engines.vllm.remote import RemoteEngineError
 from ctu.episode.env import AgentTurn, Episode, ToolCall, system_prompt
 from ctu.episode.llm_api import LLMCallError
 from ctu.episode.parsing import parse_model_output

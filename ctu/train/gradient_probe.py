@@ -1,4 +1,4 @@
-"""One micro-batch's gradients, computed as the trainer computes them, for :func:`ctu.engines.cpu_threads.check`.
+"""One micro-batch's gradients, computed as the trainer computes them, for :func:`ctu.engines.cpu.cpu_threads.check`.
 
 Whether fewer threads change a backward pass's sums depends on this CPU's kernels (the BLAS, oneDNN's bf16 products)
 and the shapes: the check runs the policy itself on a micro-batch of half the run's tokens (its activations at the

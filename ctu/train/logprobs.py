@@ -1,6 +1,6 @@
 """Next-token logprobs and entropy with bounded logit memory.
 
-The decoder body runs once (sharing the batch's common prefix, :mod:`ctu.engines.shared_prefix`) and gives the
+The decoder body runs once (sharing the batch's common prefix, :mod:`ctu.engines.hf.shared_prefix`) and gives the
 last hidden states at the scored positions; then, a chunk of positions at a time, lm_head -> float ->
 / temperature -> log_softmax -> gather (and entropy). No full fp32 [rows, positions, vocab] tensor ever
 exists: at most one chunk's [rows, chunk, vocab]. With gradients enabled and several chunks each is wrapped in
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ctu.engines.precision import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR, compute_context  # noqa: F401 - re-exported
-from ctu.engines.shared_prefix import StepPrefix, needed_hidden, needed_logits, packing_prefix
+from ctu.engines.cpu.precision import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR, compute_context  # noqa: F401 - re-exported
+from ctu.engines.hf.shared_prefix import StepPrefix, needed_hidden, needed_logits, packing_prefix
 
 LOGIT_BUDGET = 1 << 25  # fp32 logit elements per chunk (128 MiB), unless ``chunk`` says otherwise
 # a model's own budget (``trainer.logit_chunk_mib``, set by ``build_policy``), in fp32 logit elements
@@ -108,7 +108,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 def step_prefix_length(model: torch.nn.Module, rows, masks) -> int:
     """How many tokens an optimizer step over ``rows`` (token ids; ``masks`` over next-token positions) runs once
     for all its micro-batches (:func:`step_prefix`): their common prefix before any scored position, as
-    :func:`ctu.engines.shared_prefix.packing_prefix` finds it; 0 where the model cannot share one (another shape,
+    :func:`ctu.engines.hf.shared_prefix.packing_prefix` finds it; 0 where the model cannot share one (another shape,
     one row, a short prefix, gradient checkpointing, FSDP2)."""
     if body_and_head(model)[0] is None:
         return 0
@@ -117,7 +117,7 @@ def step_prefix_length(model: torch.nn.Module, rows, masks) -> int:
 
 def step_prefix(model: torch.nn.Module, ids) -> StepPrefix | None:
     """The prefix ``ids`` run once by the decoder body in the trainer's precision, with gradients, for every
-    micro-batch of an optimizer step to continue from (:class:`ctu.engines.shared_prefix.StepPrefix`; call its
+    micro-batch of an optimizer step to continue from (:class:`ctu.engines.hf.shared_prefix.StepPrefix`; call its
     ``backward()`` after theirs); None where the model's cache is not plain per-layer tensors."""
     body, _ = body_and_head(model)
     with compute_context(model, train=True):

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from ctu.config.schema import Config
-from ctu.engines.hf_api import enable_checkpointing, quiet_peft_wrap
-from ctu.engines.precision import cpu_bf16_support, resolve_autocast
+from ctu.engines.cpu.precision import cpu_bf16_support, resolve_autocast
+from ctu.engines.hf.hf_api import enable_checkpointing, quiet_peft_wrap
 from ctu.train.logprobs import (
     COMPUTE_DTYPE_ATTR,
     LOGIT_BUDGET_ATTR,
@@ -152,7 +152,7 @@ class Policy:
 
 
 def build_policy(config: Config, device: str | None = None) -> Policy:
-    from ctu.engines.models import load_model, load_tokenizer
+    from ctu.engines.hf.models import load_model, load_tokenizer
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

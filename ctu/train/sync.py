@@ -18,9 +18,9 @@ import time
 import torch
 
 from ctu.config.schema import Config, engines_sleep, weight_sync_mode
-from ctu.engines.decode_copy import resolve_decode_dtype
-from ctu.engines.fingerprint import Accumulator, hidden, mismatch
-from ctu.engines.parity import ParityError, check_parity, check_versions, default_parity_tolerance
+from ctu.engines.checks.fingerprint import Accumulator, hidden, mismatch
+from ctu.engines.checks.parity import ParityError, check_parity, check_versions, default_parity_tolerance
+from ctu.engines.hf.decode_copy import resolve_decode_dtype
 from ctu.train.weights import hf_name
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def adapter_named_tensors(model: torch.nn.Module):
 def parity_dtypes(config: Config) -> tuple[str, str]:
     """(the trainer's compute dtype, the engine's): ``model.dtype``; "auto" is fp32 only where the run is known to
     be on CPU (in process, no CUDA), else bf16 (``build_policy`` on CUDA; Ray ranks may have GPUs the driver
-    lacks; the coarser guess cannot stop a run falsely). vLLM runs the same (``ctu.engines.vllm.vllm_dtype``); the
+    lacks; the coarser guess cannot stop a run falsely). vLLM runs the same (``ctu.engines.vllm.engine.vllm_dtype``); the
     hf engine on CPU decodes in bf16 where ``engine.decode_dtype`` makes it a bf16 copy."""
     on_cpu = not torch.cuda.is_available() and not config.distributed.trainer_workers
     trainer = config.model.dtype if config.model.dtype != "auto" else ("float32" if on_cpu else "bfloat16")

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from ctu.config.schema import TrainerConfig
-from ctu.engines.host_memory import trim_heap
-from ctu.engines.shared_prefix import StepPrefix, packing_prefix
+from ctu.engines.cpu.host_memory import trim_heap
+from ctu.engines.hf.shared_prefix import StepPrefix, packing_prefix
 from ctu.rl.losses import aggregation_weights, kl_penalty, ppo_clip_per_token, truncated_importance_weights
 from ctu.train.logprobs import step_prefix, step_prefix_length
 from ctu.train.policy import Policy, reshard, token_logprobs
@@ -78,7 +78,7 @@ def to_sample(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask:
 def micro_batches(lengths: Sequence[int], token_budget: int, shared: int = 0) -> list[list[int]]:
     """Pack sample indices so that the tokens a forward computes stay within ``token_budget``:
     ``shared + rows x (longest row - shared)``, where ``shared`` is a prefix common to every row that the
-    forward runs once (:func:`ctu.engines.shared_prefix.packing_prefix`; 0: rows x longest row).
+    forward runs once (:func:`ctu.engines.hf.shared_prefix.packing_prefix`; 0: rows x longest row).
 
     Rows go by length (ties in order), so each is padded only to rows of about its own length: in the order the
     episodes finished, a quickstart update padded 16% of its tokens (2.5% by length, and 13 forwards for 15).

@@ -142,7 +142,7 @@ def export_tensors(merged: dict[str, torch.Tensor] | Iterable[tuple[str, torch.T
     were gathered."""
     from transformers import AutoModelForCausalLM
 
-    from ctu.engines.models import resolve_model
+    from ctu.engines.hf.models import resolve_model
 
     paths = {}
     if adapter is not None and peft_config is not None:

@@ -130,8 +130,8 @@ def test_in_process_vllm(tmp_path, cpu_only, monkeypatch, mode):
 def test_an_engine_that_keeps_its_old_weights_stops_the_run(tmp_path, cpu_only, monkeypatch):
     """The producer's hf engine (a copy of the policy) stamps the new version but loads nothing: its own
     fingerprint stops the run at the first sync that changed the weights."""
-    from ctu.engines.hf import HFEngine
-    from ctu.engines.parity import ParityError
+    from ctu.engines.checks.parity import ParityError
+    from ctu.engines.hf.engine import HFEngine
 
     monkeypatch.setattr(HFEngine, "update_weights",
                         lambda self, named_tensors, version=None: (list(named_tensors), setattr(self, "weights_version", version)))

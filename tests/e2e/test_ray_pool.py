@@ -12,8 +12,8 @@ from ctu.app.evaluate import episode_specs
 from ctu.config.schema import load_config
 from ctu.distributed.pool import LocalPool, RolloutPool, contiguous_chunks
 from ctu.distributed.ray_pool import RayPool  # imports without ray; a RayPool needs it
-from ctu.engines.models import load_model
-from ctu.engines.parity import check_parity
+from ctu.engines.checks.parity import check_parity
+from ctu.engines.hf.models import load_model
 from ctu.rollout import components as build
 from ctu.train.logprobs import token_logprobs
 

@@ -20,7 +20,7 @@ from ctu.app.trainer import Trainer
 from ctu.config.schema import load_config
 from ctu.domains import get_domain
 from ctu.engines.base import Completion, Engine, SamplingParams
-from ctu.engines.remote import RemoteEngine, RemoteEngineError
+from ctu.engines.vllm.remote import RemoteEngine, RemoteEngineError
 from ctu.episode.judge import JudgeError, LLMJudge
 from ctu.episode.llm_api import ChatAPIConfig, ChatClient, LLMCallError
 from ctu.episode.users.llm import LLMUser, LLMUserConfig

@@ -15,7 +15,7 @@ from urllib.parse import quote
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctu.engines.models import cache_dir
+from ctu.engines.hf.models import cache_dir
 from tests.fakes.chat_server import StubChatServer, completion
 
 ROOT = Path(__file__).resolve().parents[2]

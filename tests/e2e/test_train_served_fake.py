@@ -6,8 +6,8 @@ import pytest
 
 from ctu.app.trainer import Trainer
 from ctu.config.schema import ConfigError, load_config
-from ctu.engines.parity import ParityError
-from ctu.engines.served import ServedEngineError
+from ctu.engines.checks.parity import ParityError
+from ctu.engines.vllm.served import ServedEngineError
 from ctu.observe.tracking import read_metrics
 from tests.e2e.test_train import config, judge  # noqa: F401 - judge: the autouse shaping-judge fixture (respx)
 from tests.fakes.fake_vllm_server import FakeVLLMServer
@@ -150,7 +150,7 @@ def test_a_server_that_acknowledges_an_adapter_and_answers_with_the_older_one_st
 @pytest.mark.parametrize("mode", ["abort", "continue"])
 def test_partial_rollouts_through_a_served_engine(tmp_path, mode):
     """trainer.inflight=abort|continue with the background producer: every load is wrapped in the server's
-    /pause?mode=abort and /resume (requests it stops are sent again: tests/unit/engines/test_engine_served_inflight.py
+    /pause?mode=abort and /resume (requests it stops are sent again: tests/unit/engines/vllm/test_engine_served_inflight.py
     pins their tokens, versions and logprobs); the run trains within the staleness bound."""
     with FakeVLLMServer() as fake:
         Trainer(served_config(tmp_path / "run", fake.url, "trainer.max_steps=3", "trainer.max_staleness=1",
@@ -186,8 +186,7 @@ def test_a_launched_colocated_server_sleeps_through_each_update(tmp_path, monkey
     rollouts are done, wakes its weights before the load and its KV cache after (adapter: both before), and is
     awake for the parity probe and the next rollouts. The launch is stood in for by the fake (it has the routes a
     server started with --enable-sleep-mode has)."""
-    from ctu.engines import served_setup
-
+    from ctu.engines.vllm import served_setup
     with FakeVLLMServer() as fake:
         class Launched:
             url = fake.url

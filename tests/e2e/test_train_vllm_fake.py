@@ -5,7 +5,7 @@ step sleeps at the mode's level, loads with only the weights awake, then wakes t
 import pytest
 
 from ctu.app.trainer import Trainer
-from ctu.engines.parity import ParityError
+from ctu.engines.checks.parity import ParityError
 from ctu.observe.tracking import read_metrics
 from tests.e2e.test_train import config, judge  # noqa: F401 - judge: the autouse shaping-judge fixture
 from tests.fakes import fake_vllm
@@ -20,7 +20,7 @@ def vllm_config(run_dir, *extra):
 
 def record_engine_calls(monkeypatch):
     """VLLMEngine's sleep / wake_up(tags) / loads, in order, as the trainer makes them."""
-    from ctu.engines.vllm import VLLMEngine
+    from ctu.engines.vllm.engine import VLLMEngine
 
     events = []
 
@@ -70,7 +70,7 @@ def test_every_sync_passes_the_parity_probe(tmp_path, monkeypatch, mode):
 
 def test_an_engine_serving_stale_prefix_kv_stops_the_run(tmp_path, monkeypatch):
     fake_vllm.install(monkeypatch)
-    from ctu.engines.vllm import VLLMEngine
+    from ctu.engines.vllm.engine import VLLMEngine
 
     monkeypatch.setattr(VLLMEngine, "_reset_prefix_cache", lambda self: None)  # the bug: no reset after loading
     # Split placement (no sleep, which would drop the cache): the probe's blocks are still cached from the last sync.

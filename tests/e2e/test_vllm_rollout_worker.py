@@ -10,8 +10,8 @@ from ctu.app.evaluate import episode_specs
 from ctu.config.schema import load_config
 from ctu.distributed.pool import ResultsEngine, SpecKey
 from ctu.distributed.ray_pool import RolloutWorker
-from ctu.engines.models import load_model
-from ctu.engines.parity import PROBE_PROMPT, probe_parity
+from ctu.engines.checks.parity import PROBE_PROMPT, probe_parity
+from ctu.engines.hf.models import load_model
 from ctu.rollout import components as build
 from ctu.train.logprobs import token_logprobs
 from tests.fakes import fake_vllm
@@ -19,7 +19,7 @@ from tests.fakes import fake_vllm
 
 def test_a_rollout_worker_runs_vllm_sleeps_takes_merged_weights_and_passes_parity(tmp_path, monkeypatch):
     fake_vllm.install(monkeypatch)
-    from ctu.engines.vllm import VLLMEngine
+    from ctu.engines.vllm.engine import VLLMEngine
 
     config = load_config("configs/quickstart.yaml", [
         "model.path=tiny-random", f"run.dir={tmp_path / 'run'}", "sampling.max_tokens=8", "env.max_turns=2",

@@ -54,7 +54,7 @@ import os
 
 import torch
 
-from ctu.engines.hf_api import cache_of, with_cache
+from ctu.engines.hf.hf_api import cache_of, with_cache
 from tests.fakes.fake_vllm_types import (  # noqa: F401 - re-exported: ``import vllm`` finds them here
     CompletionOutput,
     Logprob,
@@ -191,7 +191,7 @@ class LLM:
             raise ValueError("Sleep mode is not supported on current platform.")
         if kwargs.get("enable_lora") and kwargs.get("max_lora_rank", 16) not in MAX_LORA_RANKS:
             raise ValueError(f"1 validation error for LoRAConfig\nmax_lora_rank\n  Input should be one of {MAX_LORA_RANKS}")
-        from ctu.engines.models import load_model, load_tokenizer, resolve_model
+        from ctu.engines.hf.models import load_model, load_tokenizer, resolve_model
 
         self.model = model
         self.model_dir = resolve_model(model)  # what reload_weights() without a path reads

@@ -1,7 +1,7 @@
 """A real HTTP server on 127.0.0.1 (stdlib, in a thread) that answers as vLLM 0.33's OpenAI server does for what
 ``engine.kind=served`` uses, backed by ctu's hf engine so its tokens and logprobs are exact.
 
-Read from vLLM's source (see ctu/engines/served.py): ``/v1/load_lora_adapter`` (400 name missing / base name /
+Read from vLLM's source (see ctu/engines/vllm/served.py): ``/v1/load_lora_adapter`` (400 name missing / base name /
 already loaded without ``load_inplace``; 404 ``Loading lora X failed: No adapter found for P``; 500 other load
 errors, e.g. a rank above ``--max-lora-rank``; 200 text), ``/v1/unload_lora_adapter`` (400 name missing; 404
 ``The lora adapter 'X' cannot be found.``; 200 text), both present only with runtime LoRA updating; completions
@@ -33,8 +33,8 @@ from urllib.parse import parse_qs
 import torch
 
 from ctu.engines.base import SamplingParams
-from ctu.engines.hf import HFEngine
-from ctu.engines.models import load_model, load_tokenizer
+from ctu.engines.hf.engine import HFEngine
+from ctu.engines.hf.models import load_model, load_tokenizer
 
 
 def error(code: int, message: str, kind: str, param=None) -> tuple[int, dict]:
@@ -87,7 +87,7 @@ class FakeVLLMServer:
         self.in_flight = 0  # completions requests being generated
         self._flight = threading.Condition()
         self.aliases: dict[str, tuple[str, HFEngine]] = {}  # answer_as_previous: a name -> the name serving it, its engine
-        self.worker_extension = True  # started with --worker-extension-cls ctu.engines.fingerprint.FingerprintExtension
+        self.worker_extension = True  # started with --worker-extension-cls ctu.engines.checks.fingerprint.FingerprintExtension
         self.events: list[str] = []  # "load NAME", "unload NAME", "reset", "reload PATH", "complete MODEL"
         self.requests: list[dict] = []  # completions bodies
         self.returned: list[list[int]] = []  # the token ids of every choice returned
@@ -189,7 +189,7 @@ class FakeVLLMServer:
 
     def rpc(self, body: dict):
         if body.get("method") == "ctu_fingerprint" and self.worker_extension:  # vLLM runs the extension's method
-            from ctu.engines.fingerprint import of_module
+            from ctu.engines.checks.fingerprint import of_module
 
             with self._lock:
                 return 200, {"results": [of_module(self.base).as_list()]}

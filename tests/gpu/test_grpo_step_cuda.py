@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu,
 def model_path(tmp_path_factory):
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from ctu.engines.models import smollm2_tokenizer_dir
+    from ctu.engines.hf.models import smollm2_tokenizer_dir
 
     path = tmp_path_factory.mktemp("qwen2-tiny")
     tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())

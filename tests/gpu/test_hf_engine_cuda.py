@@ -54,9 +54,9 @@ def check_follows_weights(engine, model, tolerance):
 
 
 def test_bf16_generation_on_cuda_follows_the_weights(tmp_path):
-    from ctu.engines.hf import HFEngine
-    from ctu.engines.models import load_model, load_tokenizer
-    from ctu.engines.parity import default_parity_tolerance
+    from ctu.engines.checks.parity import default_parity_tolerance
+    from ctu.engines.hf.engine import HFEngine
+    from ctu.engines.hf.models import load_model, load_tokenizer
     from tests.support.models import save_random_model
 
     paths = [save_random_model(tmp_path / f"m{seed}", arch="qwen2", layers=2, hidden=128, seed=seed,

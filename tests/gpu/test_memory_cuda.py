@@ -34,7 +34,7 @@ def test_cpu_offload_trains_on_cuda(nccl, model_path, lora):  # noqa: F811
 
 
 def test_release_memory_empties_the_cache(model_path):  # noqa: F811
-    from ctu.engines.host_memory import release_memory
+    from ctu.engines.cpu.host_memory import release_memory
 
     x = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     del x

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 def qwen_path(tmp_path, layers=4, hidden=256, **config):
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from ctu.engines.models import smollm2_tokenizer_dir
+    from ctu.engines.hf.models import smollm2_tokenizer_dir
 
     tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
@@ -72,9 +72,9 @@ def test_gradient_checkpointing_lowers_peak_memory_of_an_update(tmp_path):
 
 def test_parity_probe_after_a_bf16_update(tmp_path):
     from ctu.config.schema import load_config
-    from ctu.engines.hf import HFEngine
-    from ctu.engines.models import load_model
-    from ctu.engines.parity import check_parity, check_versions, probe_parity
+    from ctu.engines.checks.parity import check_parity, check_versions, probe_parity
+    from ctu.engines.hf.engine import HFEngine
+    from ctu.engines.hf.models import load_model
     from ctu.train.logprobs import token_logprobs
     from ctu.train.policy import build_policy
     from ctu.train.sync import parity_tolerance

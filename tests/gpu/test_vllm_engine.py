@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 def model_dir(tmp_path_factory):
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from ctu.engines.models import smollm2_tokenizer_dir
+    from ctu.engines.hf.models import smollm2_tokenizer_dir
 
     tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -29,7 +29,7 @@ def test_generate_logprobs_sleep_and_weight_update(model_dir):
     from transformers import AutoModelForCausalLM
 
     from ctu.engines.base import SamplingParams
-    from ctu.engines.vllm import VLLMEngine
+    from ctu.engines.vllm.engine import VLLMEngine
 
     engine = VLLMEngine(model_dir, gpu_memory_utilization=0.3, max_model_len=1024, enforce_eager=True)
     prompt = [1, 520, 33, 88]
@@ -52,8 +52,8 @@ def test_parity_probe_after_sync_sees_new_weights_despite_the_prefix_cache(model
     """The probe prompt spans full 16-token blocks: stale prefix KV after load_weights would fail the probe."""
     from transformers import AutoModelForCausalLM
 
-    from ctu.engines.parity import check_parity, probe_parity
-    from ctu.engines.vllm import VLLMEngine
+    from ctu.engines.checks.parity import check_parity, probe_parity
+    from ctu.engines.vllm.engine import VLLMEngine
     from ctu.train.policy import token_logprobs
 
     engine = VLLMEngine(model_dir, gpu_memory_utilization=0.3, max_model_len=512, enforce_eager=True, dtype="float32",

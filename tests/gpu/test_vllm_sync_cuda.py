@@ -53,15 +53,15 @@ def max_diff(completion, reference) -> float:
 
 
 def bf16_tolerance() -> float:
-    from ctu.engines.parity import default_parity_tolerance
+    from ctu.engines.checks.parity import default_parity_tolerance
 
     return default_parity_tolerance(["bfloat16"], 1.0)
 
 
 def test_adapter_sync_through_lora_request_serves_base_plus_adapter(model_dirs):
-    from ctu.engines.models import load_model
-    from ctu.engines.vllm import VLLMEngine
-    from tests.unit.engines.test_engine_vllm import merged_model, peft_adapter
+    from ctu.engines.hf.models import load_model
+    from ctu.engines.vllm.engine import VLLMEngine
+    from tests.unit.engines.vllm.test_engine_vllm import merged_model, peft_adapter
 
     tolerance = bf16_tolerance()
     engine = VLLMEngine(model_dirs[0], gpu_memory_utilization=0.15, max_model_len=512, enforce_eager=True,
@@ -87,8 +87,8 @@ def test_adapter_sync_through_lora_request_serves_base_plus_adapter(model_dirs):
 
 
 def test_merged_sync_after_a_level_2_sleep(model_dirs):
-    from ctu.engines.models import load_model
-    from ctu.engines.vllm import VLLMEngine
+    from ctu.engines.hf.models import load_model
+    from ctu.engines.vllm.engine import VLLMEngine
 
     tolerance = bf16_tolerance()
     engine = VLLMEngine(model_dirs[0], gpu_memory_utilization=0.15, max_model_len=512, enforce_eager=True,

@@ -24,7 +24,7 @@ from verl.utils.reward_score import default_compute_score  # noqa: E402
 
 import ctu.app.integrations.verl_reward as verl_reward  # noqa: E402
 from ctu.domains import get_domain  # noqa: E402
-from ctu.engines.models import smollm2_tokenizer_dir  # noqa: E402
+from ctu.engines.hf.models import smollm2_tokenizer_dir  # noqa: E402
 from ctu.episode.data.conversations import gold_conversation  # noqa: E402
 from ctu.episode.data.prompts import row_task  # noqa: E402
 from ctu.episode.env import agent_view  # noqa: E402

@@ -12,7 +12,7 @@ def save_random_model(path: str | Path, arch: str = "qwen2", layers: int = 2, hi
     """A seeded random ``arch`` (qwen2 | llama) model with the SmolLM2 tokenizer saved under ``path``."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from ctu.engines.models import smollm2_tokenizer_dir
+    from ctu.engines.hf.models import smollm2_tokenizer_dir
 
     config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
     tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())

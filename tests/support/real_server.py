@@ -30,7 +30,7 @@ def serving_available() -> bool:
 
 def protocol_model(out: Path) -> str:
     """tiny-random's weights and tokenizer (linked) with the greedy, never-repeating generation config."""
-    from ctu.engines.models import resolve_model
+    from ctu.engines.hf.models import resolve_model
 
     source = Path(resolve_model("tiny-random"))
     out.mkdir(parents=True, exist_ok=True)

@@ -197,6 +197,41 @@ def test_imports_point_down_the_flow():
     assert not bad, f"{len(bad)} imports point up the flow or out of it:\n" + "\n".join(bad)
 
 
+# ctu/engines/: its parts, bottom to top; base (the interface) below them all, registry (which makes them) above
+ENGINE_PARTS = ("base", "cpu", "checks", "hf", "vllm", "registry")
+
+
+def engine_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["ctu", "engines"] else None
+
+
+def engine_part_violations(found: list[Edge]) -> list[str]:
+    bad = []
+    for e in found:
+        src, dst = engine_part(e.src), engine_part(e.dst)
+        if src is None or dst is None or src == dst:
+            continue
+        if src not in ENGINE_PARTS or dst not in ENGINE_PARTS:
+            bad.append(f"{e.where}: {e.src} -> {e.dst} (not a part of ENGINE_PARTS: add it, or move the module)")
+        elif ENGINE_PARTS.index(dst) > ENGINE_PARTS.index(src):
+            bad.append(f"{e.where}: {e.src} -> {e.dst} ({dst} is above {src} in ctu/engines/)")
+    return bad
+
+
+def test_engines_parts_import_down_their_order():
+    """What may change without touching the others: cpu/ and checks/ know no engine, hf/ no vLLM engine."""
+    bad = engine_part_violations(edges())
+    assert not bad, f"{len(bad)} imports point up ctu/engines/'s parts:\n" + "\n".join(bad)
+
+
+def test_the_engine_parts_check_sees_an_upward_import():
+    up = Edge("ctu.engines.cpu.cpu_threads", "ctu.engines.hf.engine", "x.py:1", True)
+    down = Edge("ctu.engines.vllm.served", "ctu.engines.hf.models", "x.py:2", True)
+    assert engine_part_violations([up, down]) == ["x.py:1: ctu.engines.cpu.cpu_threads -> ctu.engines.hf.engine "
+                                                  "(hf is above cpu in ctu/engines/)"]
+
+
 def test_the_checks_see_cycles_and_upward_imports():
     """The checker itself: a two-module cycle and a self-import are found; acyclic chains are not."""
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]

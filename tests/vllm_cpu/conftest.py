@@ -56,7 +56,7 @@ def _llama(tmp_path_factory, name: str, hidden: int, layers: int, heads: int, kv
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from ctu.engines.models import smollm2_tokenizer_dir
+    from ctu.engines.hf.models import smollm2_tokenizer_dir
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,

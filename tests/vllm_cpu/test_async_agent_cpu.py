@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ctu.app.trainer import Trainer
-from ctu.engines.served import ServedEngine
+from ctu.engines.vllm.served import ServedEngine
 from ctu.observe.tracking import read_metrics
 from tests.e2e.test_byo_agent import AGENT, assert_episodes_equal_ctus_own_loop
 from tests.e2e.test_train import config, judge  # noqa: F401 - judge: the autouse shaping-judge fixture (respx)

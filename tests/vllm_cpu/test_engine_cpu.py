@@ -16,7 +16,7 @@ PROMPT = [(5 * i + 11) % 300 + 1 for i in range(40)]  # two full 16-token blocks
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama):
-    from ctu.engines.vllm import VLLMEngine
+    from ctu.engines.vllm.engine import VLLMEngine
 
     engine = VLLMEngine(tiny_llama, dtype="float32", seed=0, max_model_len=512, enforce_eager=True,
                         enable_lora=True, max_lora_rank=8, lora_alpha=8, sampling_temperature=0.7)
@@ -123,7 +123,7 @@ def test_a_weight_update_reaches_the_next_generation_despite_the_prefix_cache(en
 
 
 def test_the_parity_probe_passes_after_a_sync(engine, hf):
-    from ctu.engines.parity import check_parity, check_versions, probe_parity
+    from ctu.engines.checks.parity import check_parity, check_versions, probe_parity
     from ctu.train.policy import token_logprobs
 
     new = moved(hf, 0.2, seed=3)
@@ -168,7 +168,7 @@ def test_no_sleep_mode_on_cpu(engine):
 
 
 def test_max_lora_rank_outside_vllms_set_fails_before_vllm_starts(tiny_llama):
-    from ctu.engines.vllm import VLLMEngine
+    from ctu.engines.vllm.engine import VLLMEngine
 
     with pytest.raises(ValueError, match="max_lora_rank must be one of"):
         VLLMEngine(tiny_llama, enable_lora=True, max_lora_rank=4)

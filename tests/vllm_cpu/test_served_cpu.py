@@ -12,9 +12,9 @@ import torch
 
 from ctu.app.trainer import Trainer
 from ctu.engines.base import SamplingParams
-from ctu.engines.parity import check_parity, check_versions, probe_parity
-from ctu.engines.served import ServedEngine
-from ctu.engines.served_launch import LaunchedServer, free_port, server_command, server_env
+from ctu.engines.checks.parity import check_parity, check_versions, probe_parity
+from ctu.engines.vllm.served import ServedEngine
+from ctu.engines.vllm.served_launch import LaunchedServer, free_port, server_command, server_env
 from ctu.observe.tracking import read_metrics
 from ctu.train.logprobs import token_logprobs
 from ctu.train.sync import adapter_named_tensors

@@ -24,7 +24,7 @@ def test_ctu_eval_on_vllm(tmp_path, tiny_llama):
 
 @pytest.mark.parametrize("mode", ["merged", "adapter"])
 def test_three_steps_pass_the_parity_probe_after_every_sync(tmp_path, tiny_llama, mode, monkeypatch):
-    from ctu.engines.vllm import VLLMEngine
+    from ctu.engines.vllm.engine import VLLMEngine
 
     on_disk = []  # the adapter directories after each adapter sync
     update_adapter = VLLMEngine.update_adapter

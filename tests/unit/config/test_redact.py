@@ -11,7 +11,7 @@ import yaml
 from ctu.app.cli import main
 from ctu.config.redact import redact
 from ctu.config.schema import load_config, save_config, to_dict
-from ctu.engines.remote import RemoteEngine
+from ctu.engines.vllm.remote import RemoteEngine
 from ctu.episode.judge import LLMJudge
 from ctu.episode.llm_api import ChatAPIConfig, ChatClient, LLMCallError
 

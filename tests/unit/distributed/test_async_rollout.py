@@ -184,8 +184,8 @@ def test_an_hf_engine_batch_never_mixes_weights_and_is_stamped_with_its_version(
     import torch
 
     from ctu.engines.base import SamplingParams
-    from ctu.engines.hf import HFEngine
-    from ctu.engines.models import load_model, load_tokenizer
+    from ctu.engines.hf.engine import HFEngine
+    from ctu.engines.hf.models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer("tiny-random")
     old, new = load_model("tiny-random"), load_model("tiny-random")

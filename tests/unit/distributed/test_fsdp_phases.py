@@ -131,7 +131,7 @@ def test_the_trainer_autocasts_where_forwards_run_not_where_parameters_are_store
     must be CUDA's (a CPU autocast region leaves CUDA matmuls in fp32, i.e. ``trainer.autocast`` silently off)."""
     import warnings
 
-    from ctu.engines.precision import COMPUTE_DEVICE_ATTR, TRAIN_DTYPE_ATTR, compute_context
+    from ctu.engines.cpu.precision import COMPUTE_DEVICE_ATTR, TRAIN_DTYPE_ATTR, compute_context
     from tests.unit.distributed.test_fsdp import make_policy
 
     _, policy = make_policy(model_path, ["lora.enabled=true"])
@@ -146,7 +146,7 @@ def test_the_trainer_autocasts_where_forwards_run_not_where_parameters_are_store
 
 
 def test_shard_policy_records_the_mesh_device_for_autocast(gloo, model_path):
-    from ctu.engines.precision import COMPUTE_DEVICE_ATTR
+    from ctu.engines.cpu.precision import COMPUTE_DEVICE_ATTR
 
     _, policy = sharded(model_path, "lora.enabled=false")
     assert getattr(policy.model, COMPUTE_DEVICE_ATTR) == "cpu"

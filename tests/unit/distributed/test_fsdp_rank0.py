@@ -57,7 +57,7 @@ def spy_stream(module, name: str) -> dict:
 def job(rank: int, model_path: str, out: str) -> dict:
     from ctu.distributed import fsdp, reference
     from ctu.distributed.ray_trainer import TrainerRank
-    from ctu.engines.models import load_tokenizer
+    from ctu.engines.hf.models import load_tokenizer
 
     got: dict = {}
     _, full = make_policy(model_path, ["lora.enabled=false"])

@@ -35,7 +35,7 @@ LIMITS = RolloutLimits(max_turns=6, max_context_tokens=16_000)  # the policy and
 def chat():
     from transformers import AutoTokenizer
 
-    from ctu.engines.models import smollm2_tokenizer_dir
+    from ctu.engines.hf.models import smollm2_tokenizer_dir
 
     return ChatFormat(AutoTokenizer.from_pretrained(smollm2_tokenizer_dir()))
 

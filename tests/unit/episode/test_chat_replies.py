@@ -145,8 +145,8 @@ def test_shaping_without_a_verdict_says_so_in_one_line(caplog):
 
 
 def test_every_client_announces_a_wait_within_30_s_by_default():
-    from ctu.engines.remote import RemoteEngine
-    from ctu.engines.served import ServedEngine
+    from ctu.engines.vllm.remote import RemoteEngine
+    from ctu.engines.vllm.served import ServedEngine
 
     assert 0 < ChatAPIConfig("m").notice_s <= 30 and 0 < client().notices.every_s <= 30
     assert 0 < RemoteEngine("http://h/v1", "m").notices.every_s <= 30

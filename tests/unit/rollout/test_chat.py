@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ctu.engines.models import smollm2_tokenizer_dir
+from ctu.engines.hf.models import smollm2_tokenizer_dir
 from ctu.rollout.chat import ChatFormat, TemplateError, TokenSequence
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "templates"

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from ctu.engines.models import smollm2_tokenizer_dir
+from ctu.engines.hf.models import smollm2_tokenizer_dir
 from ctu.rollout.chat import ChatFormat, TokenSequence
 
 TOOLS = [{"type": "function", "function": {"name": "get_order", "description": "Look up an order.", "parameters": {

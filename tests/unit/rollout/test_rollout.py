@@ -9,7 +9,7 @@ import respx
 
 from ctu.domains import get_domain
 from ctu.engines.base import Completion, Engine, SamplingParams
-from ctu.engines.remote import RemoteEngine
+from ctu.engines.vllm.remote import RemoteEngine
 from ctu.episode.reward import score_transcript
 from ctu.episode.users.base import UserSession, UserSimulator, UserSimulatorError
 from ctu.episode.users.scripted import ScriptedUser
@@ -47,7 +47,7 @@ class ScriptedModel(Engine):
 def chat():
     from transformers import AutoTokenizer
 
-    from ctu.engines.models import smollm2_tokenizer_dir
+    from ctu.engines.hf.models import smollm2_tokenizer_dir
 
     return ChatFormat(AutoTokenizer.from_pretrained(smollm2_tokenizer_dir()))
 

@@ -60,8 +60,8 @@ def test_trajectories_built_elsewhere_default_to_no_versions():
 
 
 def test_the_hf_engine_stamps_its_weights_version_on_each_completion():
-    from ctu.engines.hf import HFEngine
-    from ctu.engines.models import load_model, load_tokenizer
+    from ctu.engines.hf.engine import HFEngine
+    from ctu.engines.hf.models import load_model, load_tokenizer
 
     engine = HFEngine(load_model("tiny-random"), load_tokenizer("tiny-random"))
     params = SamplingParams(max_tokens=3, seed=0)

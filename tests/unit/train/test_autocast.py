@@ -47,7 +47,7 @@ class MatmulDtypes(TorchDispatchMode):
 
 def test_the_hf_engine_generates_in_the_trainers_compute_dtype(model_path):
     from ctu.engines.base import SamplingParams
-    from ctu.engines.hf import HFEngine
+    from ctu.engines.hf.engine import HFEngine
     from ctu.train.logprobs import token_logprobs
 
     policy = policy_for(model_path)

@@ -29,7 +29,7 @@ def test_lora_policy_keeps_the_precision_policy_and_merged_names_are_plain(tmp_p
     policy = build_policy(load_config(None, ["model.path=tiny-random"]), device="cpu")
     assert assert_precision_policy(policy.model, torch.float32) == torch.float32
     names = dict(policy.merged_named_tensors())
-    from ctu.engines.models import load_model
+    from ctu.engines.hf.models import load_model
 
     plain = {n for n, _ in load_model("tiny-random", device="cpu").named_parameters()}
     assert set(names) == plain  # exactly the names vLLM / from_pretrained expect

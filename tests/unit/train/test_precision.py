@@ -101,8 +101,8 @@ def test_an_update_at_lr_3e_7_moves_the_trainable_weights(model_path, lora):
 
 
 def test_the_sampler_sees_an_update_at_lr_3e_7(model_path):
-    from ctu.engines.hf import HFEngine
-    from ctu.engines.models import load_model
+    from ctu.engines.hf.engine import HFEngine
+    from ctu.engines.hf.models import load_model
 
     config, policy = policy_for(model_path)  # LoRA, bf16 trainer
     engine = HFEngine(load_model(model_path, dtype=torch.float32, device="cpu").eval(), tokenizer=None)

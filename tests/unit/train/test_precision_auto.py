@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ctu.config.schema import load_config
-from ctu.engines.precision import cpu_bf16_support, resolve_autocast
+from ctu.engines.cpu.precision import cpu_bf16_support, resolve_autocast
 
 ROOT = Path(__file__).resolve().parents[3]
 FORCED_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -25,7 +25,7 @@ NATIVE_HERE = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_su
 PROBE = """
 import json, sys, torch
 from ctu.config.schema import load_config
-from ctu.engines.precision import TRAIN_DTYPE_ATTR
+from ctu.engines.cpu.precision import TRAIN_DTYPE_ATTR
 from ctu.train.policy import build_policy
 from ctu.train.logprobs import token_logprobs
 from tests.unit.train.test_autocast import MatmulDtypes

@@ -8,7 +8,7 @@ computes in one step and compare the step's weight change with one that runs eve
 import pytest
 import torch
 
-import ctu.engines.shared_prefix as shared_prefix
+import ctu.engines.hf.shared_prefix as shared_prefix
 import ctu.train.update as update
 from ctu.config.schema import load_config
 from ctu.train.policy import build_policy

@@ -34,7 +34,7 @@ IDS = torch.tensor([[5, 17, 33, 2, 90, 41, 7, 12, 60, 3], [8, 17, 33, 2, 91, 40,
 
 def test_gradient_passes_run_bf16_matmuls_the_engine_and_no_grad_scoring_stay_fp32(model_path):
     from ctu.engines.base import SamplingParams
-    from ctu.engines.hf import HFEngine
+    from ctu.engines.hf.engine import HFEngine
     from ctu.train.logprobs import token_logprobs
 
     policy, _ = policy_for(model_path, "trainer.autocast=bfloat16")

@@ -238,7 +238,7 @@ def test_a_shared_prompt_is_counted_once_when_packing_and_the_update_is_the_same
 
 
 def test_packing_shares_nothing_where_the_pass_cannot_share():
-    from ctu.engines.hf_api import enable_checkpointing
+    from ctu.engines.hf.hf_api import enable_checkpointing
     from ctu.train.update import pack
 
     batch = prompt_shared_samples()

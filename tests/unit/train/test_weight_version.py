@@ -8,17 +8,17 @@ import torch
 
 from ctu.config.schema import load_config
 from ctu.distributed.pool import LocalPool
-from ctu.engines.parity import ParityError, probe_parity
+from ctu.engines.checks.parity import ParityError, probe_parity
 from ctu.train.policy import token_logprobs
 from ctu.train.sync import WeightSync, adapter_named_tensors, base_named_tensors, parity_tolerance
-from tests.unit.engines.test_engine_vllm import make
+from tests.unit.engines.vllm.test_engine_vllm import make
 
 
 class StubGroup:
     """The trainer side of a sync (:class:`ctu.distributed.group.TrainerGroup`'s sync methods) around one model."""
 
     def __init__(self, model=None, lora_rank: int | None = None):
-        from ctu.engines.models import load_model
+        from ctu.engines.hf.models import load_model
 
         model = load_model("tiny-random") if model is None else model
         if lora_rank:
@@ -69,7 +69,7 @@ def assert_only_the_version_fails(monkeypatch, sync, pool, config):
 
 
 def test_check_versions_names_both_versions_on_one_line():
-    from ctu.engines.parity import check_versions
+    from ctu.engines.checks.parity import check_versions
 
     check_versions([4, 4], 4)
     with pytest.raises(ParityError, match=r"^engine weights are version 3, the trainer's are version 4"):
@@ -95,8 +95,8 @@ def test_a_dropped_adapter_sync_on_vllm_fails_on_the_version(monkeypatch):
 
 
 def test_a_dropped_sync_to_a_separate_hf_engine_fails_on_the_version(monkeypatch):
-    from ctu.engines.hf import HFEngine
-    from ctu.engines.models import load_model, load_tokenizer
+    from ctu.engines.hf.engine import HFEngine
+    from ctu.engines.hf.models import load_model, load_tokenizer
 
     config = config_for("engine.kind=hf")
     engine = HFEngine(load_model("tiny-random"), load_tokenizer("tiny-random"))
@@ -107,8 +107,8 @@ def test_a_dropped_sync_to_a_separate_hf_engine_fails_on_the_version(monkeypatch
 
 
 def test_an_hf_engine_sharing_the_trainers_model_is_stamped_by_the_sync():
-    from ctu.engines.hf import HFEngine
-    from ctu.engines.models import load_tokenizer
+    from ctu.engines.hf.engine import HFEngine
+    from ctu.engines.hf.models import load_tokenizer
 
     group = StubGroup()
     engine = HFEngine(group.model, load_tokenizer("tiny-random"))

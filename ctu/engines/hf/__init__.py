@@ -1,0 +1,1 @@
+"""The hf engine (in-process transformers) and its decode machinery: KV reuse and buffers, the bf16 decode copy, fused projections, grouped decode attention, shared-prefix passes, model loading and the transformers API shims (the trainer loads and runs its model through these too)."""

@@ -1,0 +1,1 @@
+"""Engines over vLLM: in process (engine), a vLLM server ctu trains through (served, served_setup, served_launch, served_wire, served_inflight) and any OpenAI-compatible server for evaluation (remote)."""
