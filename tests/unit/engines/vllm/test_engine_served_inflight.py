@@ -6,7 +6,6 @@ ctu pauses the server (``POST /pause?mode=abort``: its running requests return w
 adapter, ``continue`` sends prompt + the tokens sampled so far as the new prompt, with what is left of max_tokens.
 Each token's version and logprob are those of the weights that sampled it."""
 
-import threading
 import time
 
 import httpx
@@ -95,31 +94,6 @@ def test_a_pause_that_stops_nothing_is_said_once(fake, policy, tmp_path, mode, c
     assert engine.interrupted_rows == 0 and fake.aborted == 0 and engine.unstopped_rows == 2
     said = [r.getMessage() for r in caplog.records if "/pause" in r.getMessage()]
     assert len(said) == 1 and f"trainer.inflight={mode}" in said[0] and "ran to their end" in said[0], said
-
-
-def test_the_fakes_pause_answers_as_vllm(fake):
-    """vllm/entrypoints/rl/online/api_router.py, vllm/v1/engine/core.py: /pause?mode=abort stops running requests
-    (200, their tokens so far, finish_reason "abort") and returns once they have; until /resume new requests are
-    refused with 503 (RequestError "engine_paused", retryable); /is_paused tells. Dev mode only."""
-    body = {"model": fake.name, "prompt": PROMPT, "max_tokens": TOKENS, "logprobs": 1, "return_token_ids": True}
-    replies = []
-    thread = threading.Thread(target=lambda: replies.append(httpx.post(fake.url + "/v1/completions", json=body,
-                                                                         timeout=60).json()))
-    thread.start()
-    while fake.engines[fake.name].decode_steps < 3:
-        time.sleep(0.001)
-    assert httpx.post(fake.url + "/pause?mode=abort", timeout=60).json() == {"status": "paused"}
-    thread.join(60)
-    (choice,) = replies[0]["choices"]
-    assert choice["finish_reason"] == "abort" and 3 <= len(choice["token_ids"]) < TOKENS
-    assert httpx.get(fake.url + "/is_paused").json() == {"is_paused": True}
-    refused = httpx.post(fake.url + "/v1/completions", json=body)
-    assert refused.status_code == 503 and refused.json()["error"]["message"] == \
-        "Generation is paused. Please retry after it resumes."
-    assert httpx.post(fake.url + "/resume").json() == {"status": "resumed"}
-    assert httpx.get(fake.url + "/is_paused").json() == {"is_paused": False}
-    fake.dev_mode = False
-    assert httpx.post(fake.url + "/pause").status_code == 404
 
 
 @pytest.mark.parametrize("mode", ["abort", "continue"])
