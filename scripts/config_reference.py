@@ -116,6 +116,9 @@ APPLIES: dict[str, str] = {
     "distributed.cpu_offload": "FSDP2", "distributed.placement_timeout_s": "Ray", "distributed.start_timeout_s": "Ray",
     "agent.command": "your agent", "agent.concurrency": "your agent", "agent.timeout_s": "your agent",
     "agent.pass_env": "your agent", "user.patience": "scripted user",
+    "engine.api_key_env": "remote, served", "engine.launch_python": "served", "engine.launch_args": "served",
+    **{f"user.{k}": "llm user" for k in ("max_retries", "backoff_initial", "backoff_max", "timeout", "max_tokens",
+                                         "model", "base_url", "api_key_env", "strategy", "temperature")},
 }
 PREFIX = re.compile(r"^((?:hf|remote|vllm|served)(?:,\s*(?:hf|remote|vllm|served))*)(?: on CPU)?\s*(?:\([^)]*\))?:\s*")
 
