@@ -40,6 +40,14 @@ def cmd_env_check(args: argparse.Namespace) -> int:
     return 0 if failed == 0 else 1
 
 
+def _domain_name(name: str) -> str:
+    """A built-in domain or ``package.module:function`` (your own, as in env.domains); else argparse's error."""
+    if name in DOMAINS or ":" in name:
+        return name
+    raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {', '.join(DOMAINS)}, or "
+                                     "package.module:function)")
+
+
 def _open_transcripts(path: str):
     """The transcript file, opened for reading bytes line by line; a one-line error if it cannot be."""
     try:
@@ -272,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     check = env_sub.add_parser("check", help="replay every task's gold actions and check the reward",
                                description="Replay every task's gold actions; exit 0 only if every "
                                            "deterministic reward component is 1.0.")
-    check.add_argument("domain", choices=DOMAINS)
+    check.add_argument("domain", type=_domain_name, metavar="DOMAIN",
+                       help=f"{', '.join(DOMAINS)}, or your own as package.module:function")
     check.add_argument("--split", default="all", help="task split to check (default: all)")
     check.add_argument("--data-dir", default=None, help="tau2 data directory (default: installed packages)")
     check.add_argument("--retrieval-variant", default="bm25", help=RETRIEVAL_HELP)

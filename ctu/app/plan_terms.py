@@ -54,6 +54,7 @@ ARCHITECTURES = {  # from each model's config.json on the Hugging Face hub
     "qwen2.5-3b": Arch(2048, 36, 16, 2, 11008, 151936, True, qkv_bias=True),
     "qwen2.5-7b": Arch(3584, 28, 28, 4, 18944, 152064, False, qkv_bias=True),
     "qwen3-4b": Arch(2560, 36, 32, 8, 9728, 151936, True, head_dim=128, qk_norm=True),
+    "qwen3-4b-instruct-2507": Arch(2560, 36, 32, 8, 9728, 151936, True, head_dim=128, qk_norm=True),  # Qwen3-4B's shapes
     "qwen3-8b": Arch(4096, 36, 32, 8, 12288, 151936, False, head_dim=128, qk_norm=True),
     "smollm2-135m": Arch(576, 30, 9, 3, 1536, 49152, True),
     "tiny-random": Arch(64, 2, 4, 2, 128, 49152, True, head_dim=16),  # ctu.engines.hf.models._build_tiny_random
