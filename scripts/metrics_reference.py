@@ -140,6 +140,9 @@ def code_keys() -> set[str]:
         for n in ast.walk(fn):
             if isinstance(n, ast.Assign) and isinstance(t := n.targets[0], ast.Subscript) and _target(t.value) == "metrics":
                 keys |= _section(_text(t.slice), None)
+            elif isinstance(n, ast.Call) and ast.unparse(n.func) == "metrics.update" and n.args and \
+                    isinstance(c := n.args[0], ast.Call) and ast.unparse(c.func) == "self.evaluate":  # eval/<scope>/success
+                keys |= _keys_in(*SECTIONS["eval"][0])
     return keys
 
 

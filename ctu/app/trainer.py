@@ -404,7 +404,7 @@ class Trainer:
                     metrics, failed = out["metrics"], None
                     if t.eval_interval and self.step % t.eval_interval == 0 and self.step < t.max_steps:
                         try:
-                            metrics["eval"] = self.evaluate(f"step_{self.step}")
+                            metrics.update(self.evaluate(f"step_{self.step}"))  # eval/<scope>/success, as history
                         except NothingScored as exc:  # the step itself trained: record and checkpoint it first
                             failed = exc
                     tracker.log(self.step, metrics)

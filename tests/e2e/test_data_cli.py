@@ -175,6 +175,7 @@ def test_a_run_records_every_evaluation_and_shows_them(tmp_path, capsys):
     assert (run_dir / "curves.png").stat().st_size > 10_000
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
+    assert metrics[0]["eval/overall/success"] == evals[2]["success"]["overall"]  # was eval/eval/overall/success
 
 
 def test_banking_knowledge_gold_demonstrations_and_tasks_export(tmp_path, capsys, tau2_bench_data):
