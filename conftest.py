@@ -8,10 +8,22 @@ import os
 import pytest
 from hypothesis import settings
 
-# Property tests are derandomized by default so CI is reproducible; HYPOTHESIS_PROFILE=explore draws new examples.
-settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+# Property tests are derandomized by default so CI is reproducible, and short: the "ci" profile runs at most
+# CI_EXAMPLES examples of each (a test's own max_examples above it included; tests/oracle keeps its counts); HYPOTHESIS_PROFILE=long runs each test's
+# own count, derandomized (nox -s hypothesis_long); HYPOTHESIS_PROFILE=explore draws new examples.
+CI_EXAMPLES = 25
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, max_examples=CI_EXAMPLES)
+settings.register_profile("long", derandomize=True, database=None, deadline=None)
 settings.register_profile("explore", deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+settings.load_profile(PROFILE)
+
+
+def capped_examples(test) -> None:
+    """Under the "ci" profile, a property test's own ``@settings(max_examples=N)`` capped at CI_EXAMPLES."""
+    own = getattr(test, "_hypothesis_internal_use_settings", None)
+    if PROFILE == "ci" and own is not None and own.max_examples > CI_EXAMPLES:
+        test._hypothesis_internal_use_settings = settings(own, max_examples=CI_EXAMPLES)
 
 # Nothing may download from a model hub at run time, in tests above all.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -59,6 +71,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     has_cuda = _cuda_available()
     vllm_version = _vllm_version()
     for item in items:
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False) and "oracle" not in item.path.parts:
+            capped_examples(item.obj)  # the oracle tier's point is its many draws
         reason = hardware_skip_reason({m.name for m in item.iter_markers()}, has_cuda, vllm_version)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))

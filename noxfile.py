@@ -62,6 +62,13 @@ def e2e(session: nox.Session) -> None:
 
 
 @nox.session
+def hypothesis_long(session: nox.Session) -> None:
+    """The property tests at their own example counts (the default run caps each at conftest.CI_EXAMPLES)."""
+    _install(session)
+    session.run("python", "-m", "pytest", *session.posargs, env={"HYPOTHESIS_PROFILE": "long"})
+
+
+@nox.session
 def slow(session: nox.Session) -> None:
     _install(session)
     session.run("python", "-m", "pytest", "-m", "slow", *session.posargs)

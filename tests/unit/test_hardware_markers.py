@@ -18,3 +18,27 @@ def test_cuda_vllm_and_gpu_markers_need_cuda():
 def test_unmarked_tests_run_everywhere():
     assert hardware_skip_reason(set(), has_cuda=False, vllm_version=None) is None
 
+
+
+def test_the_ci_profile_caps_a_property_tests_own_example_count(monkeypatch):
+    """CI runs each property test short (its own max_examples above conftest.CI_EXAMPLES included); the long
+    profile (nox -s hypothesis_long) runs the test's own count."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    import conftest
+
+    seen: list[int] = []
+
+    @settings(max_examples=200, derandomize=True, database=None)
+    @given(st.integers())
+    def prop(x):
+        seen.append(x)
+
+    monkeypatch.setattr(conftest, "PROFILE", "long")
+    conftest.capped_examples(prop)
+    assert prop._hypothesis_internal_use_settings.max_examples == 200
+    monkeypatch.setattr(conftest, "PROFILE", "ci")
+    conftest.capped_examples(prop)
+    prop()
+    assert 0 < len(seen) <= conftest.CI_EXAMPLES
