@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from ctu.config.atomic import FULL_ERRNOS, space_hint
 from ctu.config.redact import redact
-from ctu.domains import DOMAINS, get_domain
+from ctu.domains import DOMAINS, get_domain, registered_domain
 
 
 def _fmt_components(components: dict[str, float]) -> str:
@@ -79,7 +79,8 @@ def cmd_score(args: argparse.Namespace) -> int:
                 if domain_name is None:
                     raise TranscriptError("no domain: pass --domain or give a 'domain' field")
                 try:
-                    domain = get_domain(domain_name, args.data_dir, args.retrieval_variant)
+                    # a line names a built-in domain only: nothing a data file says is imported
+                    domain = registered_domain(domain_name, args.data_dir, args.retrieval_variant)
                     task = domain.task(record.task_id)
                 except KeyError as exc:
                     raise TranscriptError(str(exc.args[0])) from None
