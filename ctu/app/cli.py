@@ -103,6 +103,9 @@ def cmd_score(args: argparse.Namespace) -> int:
                 note = f"  skipped: {','.join(reward.skipped)}" if reward.skipped else ""
                 print(f"line {line_no} task {record.task_id}: reward={reward.reward:.1f}  "
                       f"{_fmt_components(reward.components)}{note}{why}")
+    if scored + bad == 0:  # nothing to score is no success: one line, exit 1
+        print(f"{args.file}: error: no transcript in it (empty, or blank lines only)", file=sys.stderr)
+        return 1
     mean = total / scored if scored else 0.0
     print(f"scored {scored} transcript(s), mean reward {mean:.3f}; {bad} bad line(s)",
           file=sys.stderr if args.json else sys.stdout)

@@ -26,6 +26,8 @@ def parse_record(path: Path, line_no: int, raw: bytes) -> dict[str, Any]:
         raise Unreadable(f"{where}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise Unreadable(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:  # JSON, but nested deeper than any record: refused, never taken for a torn write
+        raise RecordError(f"{where}: nested too deeply to be a record") from None
     if not isinstance(record, dict) or type(record.get("step")) is not int:
         raise RecordError(f"{where}: not a record (a JSON object with an integer 'step')")
     return record

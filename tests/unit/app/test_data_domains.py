@@ -80,3 +80,12 @@ def test_a_parquet_rows_domain_is_a_built_in_one():
     assert task_of(truth, {"domain": "mini"})[0] is MINI
     with pytest.raises(KeyError, match="unknown domain 'os'"):
         task_of(truth, {"domain": "os"})
+
+
+@pytest.mark.parametrize("data", [b"", b"\n\n  \n"])
+def test_an_empty_transcript_file_is_exit_1_in_one_line(tmp_path, capsys, data):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(data)
+    assert main(["score", str(path), "--domain", "mini"]) == 1
+    out, err = capsys.readouterr()
+    assert err == f"{path}: error: no transcript in it (empty, or blank lines only)\n" and out == ""

@@ -34,3 +34,13 @@ def test_a_torn_last_line_is_left_out(tmp_path):
     run = _run(tmp_path, _row(1) + _row(2) + b'{"step": 3, "rollo')
     assert [r["step"] for r in read_metrics(run)] == [1, 2]
     assert [e["step"] for e in read_evals(run)] == [0]
+
+
+def test_a_line_nested_5000_deep_is_one_error_naming_file_and_line(tmp_path, capsys):
+    deep = b'{"step": 2, "x": ' + b"[" * 5000 + b"]" * 5000 + b"}\n"
+    for where in (deep + _row(3), _row(1) + deep.rstrip(b"\n")):  # inside, and as the last line (not torn: refused)
+        run = _run(tmp_path / str(len(where)), where)
+        assert main(["report", str(run)]) == 1
+        err = capsys.readouterr().err.strip()
+        line = 1 if where.startswith(deep) else 2
+        assert err == f"ctu: error: {run / 'metrics.jsonl'}: line {line}: nested too deeply to be a record"
