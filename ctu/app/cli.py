@@ -130,10 +130,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ctu.config.runlock import RunDirLock
 
     config = _load(args)
+    _check_export(config.model.path)
     check_run_dir(config.run.dir)  # a folder of its own: never the current one, a home or someone else's files
     with RunDirLock(config.run.dir):  # one writer per run.dir (a live train or eval there refuses this one)
         mark_run_dir(config.run.dir)
         return _evaluate(config)
+
+
+def _check_export(model_path: str) -> None:
+    """A model that is a ctu export is loaded only whole: each file as its manifest says."""
+    from ctu.train.manifest import export_problem
+
+    if problem := export_problem(model_path):
+        raise SystemExit(_one_line(f"ctu: error: model.path: {model_path} is a damaged export: {problem}"))
 
 
 def _evaluate(config) -> int:
@@ -185,6 +194,8 @@ def cmd_play(args: argparse.Namespace) -> int:
     if args.model:
         args.overrides = [*args.overrides, f"model.path={args.model}"]
     config = _load(args)
+    if not args.human:
+        _check_export(config.model.path)
     domain = get_domain(args.domain, config.env.tau2_data_dir, config.env.retrieval_variant)
     try:
         task = domain.task(args.task)
@@ -213,6 +224,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ctu.observe.report import before_after_table
 
     config = _load(args)
+    _check_export(config.model.path)  # training on from an export: only a whole one
     with StopSignals() as stops:  # from here SIGINT/SIGTERM stop the run at its next safe point (exit 130/143)
         summary = Trainer(config).run(stops)
     if "complete" in summary:  # a finished run resumed: its one line is all there is to say

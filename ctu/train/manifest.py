@@ -92,6 +92,25 @@ def manifest_problem(folder: str | Path, hashes: bool = True) -> str | None:
     return None
 
 
+def export_problem(model_path: str | Path) -> str | None:
+    """For a model directory that is (part of) a ctu export (``export/merged`` or ``export/adapter``, or the export
+    itself), what differs from the export's manifest; None when it is whole or not a ctu export (a hub id, a model
+    directory of its own). An export written before manifests is not checked."""
+    path = Path(model_path)
+    if not path.is_dir():
+        return None
+    for folder in (path, path.parent) if path.name in ("merged", "adapter") else (path,):
+        manifest = folder / MANIFEST
+        if manifest.is_file() and manifest.stat().st_size < (64 << 20):
+            try:
+                ours = isinstance(json.loads(manifest.read_bytes()).get("files"), dict)
+            except (OSError, ValueError, AttributeError, RecursionError):
+                ours = False
+            if ours:
+                return manifest_problem(folder)
+    return None
+
+
 def write_folder(folder: str | Path, write: Callable[[Path], dict[str, str] | None]) -> dict[str, str]:
     """``write(tmp)`` fills a temporary folder beside ``folder``; then its manifest is written and it is renamed to
     ``folder`` (one there before is replaced): ``folder`` is complete or as it was, never cut. ``write``'s paths

@@ -196,3 +196,28 @@ def test_resume_calls_a_cut_export_unfinished(tmp_path, capsys):
     assert "tokenizer.json is 3 bytes" in capsys.readouterr().err
     (folder / "manifest.json").unlink()  # written in place before manifests: not known to be whole
     assert not exported(folder)
+
+
+def test_eval_of_a_cut_export_is_refused_naming_the_file(tmp_path, capsys):
+    from ctu.app.cli import main
+    from ctu.train.manifest import export_problem
+
+    folder = tmp_path / "export"
+
+    def write(tmp):
+        (tmp / "merged").mkdir()
+        (tmp / "merged" / "config.json").write_text("{}")
+        (tmp / "merged" / "tokenizer.json").write_bytes(b"t" * 10)
+
+    write_folder(folder, write)
+    assert export_problem(folder / "merged") is None and export_problem("tiny-random") is None
+    (folder / "merged" / "tokenizer.json").write_bytes(b"t" * 3)  # cut by a full disk
+    for command in ("eval", "train"):
+        assert main([command, f"model.path={folder / 'merged'}", f"run.dir={tmp_path / 'run'}"]) == 1
+        err = capsys.readouterr().err
+        assert err == (f"ctu: error: model.path: {folder / 'merged'} is a damaged export: "
+                       f"{folder / 'merged' / 'tokenizer.json'} is 3 bytes, the manifest says 10 (cut short or altered)\n")
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "hub").mkdir()
+    (tmp_path / "hub" / "manifest.json").write_text('["not ours"]')  # a model folder's own manifest.json
+    assert export_problem(tmp_path / "hub") is None
