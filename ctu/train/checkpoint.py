@@ -67,7 +67,7 @@ def save_checkpoint(root: str | Path, step: int, *, model, optimizer, scheduler,
         _save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
                "extra": extra}, tmp / "state.pt", final)
         _save(json.dumps({"step": step, "manifest": MANIFEST}), tmp / COMPLETE, final)
-        write_manifest(tmp)  # last: each file's size and sha256, checked on resume
+        _save(tmp, tmp / MANIFEST, final)  # last: each file's size and sha256, checked on resume
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -83,7 +83,9 @@ def _save(obj: Any, path: Path, final: Path) -> None:
     """``torch.save`` (a str: the text); a failed write (torch says only ``[enforce fail at inline_container.cc]``)
     is one error naming the checkpoint, the file and the likely cause."""
     try:
-        if isinstance(obj, str):
+        if isinstance(obj, Path):  # the folder whose manifest this is
+            write_manifest(obj)
+        elif isinstance(obj, str):
             path.write_text(obj)
         else:
             torch.save(obj, path)

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from typing import Any
 from ctu.config.atomic import space_hint
 
 MANIFEST = "manifest.json"
+# what torch's, safetensors' and tokenizers' writers say when a write fails (they name no file)
+_WRITE_FAILED = re.compile(r"inline_container|iostream|enforce fail|No space|[Ww]rite|I/O error|quota", re.S)
 _CHUNK = 1 << 20
 
 
@@ -125,6 +128,8 @@ def write_folder(folder: str | Path, write: Callable[[Path], dict[str, str] | No
             paths = write(tmp) or {}
             write_manifest(tmp)
         except (OSError, RuntimeError) as exc:  # a full disk: torch / safetensors / tokenizers name no file
+            if isinstance(exc, RuntimeError) and not _WRITE_FAILED.search(str(exc)):
+                raise  # not a failed write (a name mismatch, say): its own message
             why = space_hint(folder.parent) or "the disk is full, or a quota or file-size limit was reached"
             where = f" ({Path(exc.filename).name} failed)" if isinstance(exc, OSError) and exc.filename else ""
             raise OSError(getattr(exc, "errno", None) or errno.EIO, f"{folder} not written{where}: {why}; "

@@ -221,3 +221,12 @@ def test_eval_of_a_cut_export_is_refused_naming_the_file(tmp_path, capsys):
     (tmp_path / "hub").mkdir()
     (tmp_path / "hub" / "manifest.json").write_text('["not ours"]')  # a model folder's own manifest.json
     assert export_problem(tmp_path / "hub") is None
+
+
+def test_an_export_that_fails_for_another_reason_keeps_its_own_message(tmp_path):
+    def mismatch(tmp):
+        raise RuntimeError("export name mismatch: missing=['a'] unexpected=[]")
+
+    with pytest.raises(RuntimeError, match=r"^export name mismatch"):
+        write_folder(tmp_path / "export", mismatch)
+    assert list(tmp_path.iterdir()) == []
