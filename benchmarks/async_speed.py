@@ -49,7 +49,7 @@ def run_mode(args, k: int, user: list[str]) -> dict:
     try:
         cache = Path(args.cache)
         if cache.exists():
-            state = torch.load(cache)
+            state = torch.load(cache, weights_only=True)
             trainer.policy.model.load_state_dict(state["model"])
             trainer.policy.load_reference_state(state["rebased"])
             del state

@@ -223,7 +223,7 @@ def main() -> None:
             print(f"seed {seed}, {label}: {len(demos)} demonstrations"
                   + (f" of kinds {' '.join(kinds)}" if kinds else ""), flush=True)
             if seed not in warm and cache is not None and cache.exists():
-                warm[seed] = torch.load(cache), json.loads(cache.with_suffix(".json").read_text())
+                warm[seed] = torch.load(cache, weights_only=True), json.loads(cache.with_suffix(".json").read_text())
             if seed in warm:
                 state, start = warm[seed]
                 trainer.policy.model.load_state_dict(state["model"])

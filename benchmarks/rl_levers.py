@@ -85,7 +85,7 @@ def save_cache(trainer: Trainer, cache: Path, about: dict) -> None:
 def from_cache(trainer: Trainer, cache: Path) -> dict:
     """The warm start's weights from ``cache`` (made there first if missing) and its evaluation; the engine synced."""
     if cache.exists():
-        state = torch.load(cache)
+        state = torch.load(cache, weights_only=True)
         trainer.policy.model.load_state_dict(state["model"])
         trainer.policy.load_reference_state(state["rebased"])
         start = json.loads(cache.with_suffix(".json").read_text())

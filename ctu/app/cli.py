@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from ctu.config.atomic import FULL_ERRNOS, space_hint
 from ctu.config.redact import redact
-from ctu.domains import DOMAINS, get_domain
+from ctu.domains import DOMAINS, get_domain, registered_domain
 
 
 def _fmt_components(components: dict[str, float]) -> str:
@@ -87,7 +87,8 @@ def cmd_score(args: argparse.Namespace) -> int:
                 if domain_name is None:
                     raise TranscriptError("no domain: pass --domain or give a 'domain' field")
                 try:
-                    domain = get_domain(domain_name, args.data_dir, args.retrieval_variant)
+                    # a line names a built-in domain only: nothing a data file says is imported
+                    domain = registered_domain(domain_name, args.data_dir, args.retrieval_variant)
                     task = domain.task(record.task_id)
                 except KeyError as exc:
                     raise TranscriptError(str(exc.args[0])) from None
@@ -110,6 +111,9 @@ def cmd_score(args: argparse.Namespace) -> int:
                 note = f"  skipped: {','.join(reward.skipped)}" if reward.skipped else ""
                 print(f"line {line_no} task {record.task_id}: reward={reward.reward:.1f}  "
                       f"{_fmt_components(reward.components)}{note}{why}")
+    if scored + bad == 0:  # nothing to score is no success: one line, exit 1
+        print(f"{args.file}: error: no transcript in it (empty, or blank lines only)", file=sys.stderr)
+        return 1
     mean = total / scored if scored else 0.0
     print(f"scored {scored} transcript(s), mean reward {mean:.3f}; {bad} bad line(s)",
           file=sys.stderr if args.json else sys.stdout)
@@ -134,10 +138,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ctu.config.runlock import RunDirLock
 
     config = _load(args)
+    _check_export(config.model.path)
     check_run_dir(config.run.dir)  # a folder of its own: never the current one, a home or someone else's files
     with RunDirLock(config.run.dir):  # one writer per run.dir (a live train or eval there refuses this one)
         mark_run_dir(config.run.dir)
         return _evaluate(config)
+
+
+def _check_export(model_path: str) -> None:
+    """A model that is a ctu export is loaded only whole: each file as its manifest says."""
+    from ctu.train.manifest import export_problem
+
+    if problem := export_problem(model_path):
+        raise SystemExit(_one_line(f"ctu: error: model.path: {model_path} is a damaged export: {problem}"))
 
 
 def _evaluate(config) -> int:
@@ -189,6 +202,8 @@ def cmd_play(args: argparse.Namespace) -> int:
     if args.model:
         args.overrides = [*args.overrides, f"model.path={args.model}"]
     config = _load(args)
+    if not args.human:
+        _check_export(config.model.path)
     domain = get_domain(args.domain, config.env.tau2_data_dir, config.env.retrieval_variant)
     try:
         task = domain.task(args.task)
@@ -217,6 +232,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ctu.observe.report import before_after_table
 
     config = _load(args)
+    _check_export(config.model.path)  # training on from an export: only a whole one
     with StopSignals() as stops:  # from here SIGINT/SIGTERM stop the run at its next safe point (exit 130/143)
         summary = Trainer(config).run(stops)
     if "complete" in summary:  # a finished run resumed: its one line is all there is to say

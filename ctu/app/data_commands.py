@@ -20,7 +20,7 @@ def refuse_empty(args: argparse.Namespace, count: int, what: str) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Gold demonstrations of a domain's split, or the successful episodes of an eval run, to a file."""
-    from ctu.domains import get_domain
+    from ctu.domains import get_domain, registered_domain
 
     if (args.domain is None) == (args.trajectories is None):
         raise DataError("give either --domain (gold demonstrations / tasks) or --trajectories (an eval run)")
@@ -31,16 +31,19 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise DataError("parquet holds tasks (prompts), not conversations: export it with --domain")
         from ctu.episode.data.conversations import successful_conversations
 
-        known = {d.name: d for d in (get_domain(spec, args.data_dir, args.retrieval_variant) for spec in args.domain_spec)}
+        known = {}  # the custom domains --domain-spec names, by their spec and by their name
+        for spec in args.domain_spec:
+            custom = get_domain(spec, args.data_dir, args.retrieval_variant)
+            known[spec] = known[custom.name] = custom
 
-        def domain_of(name: str):
-            if name in known:
+        def domain_of(name: object):
+            if isinstance(name, str) and name in known:
                 return known[name]
-            try:
-                return get_domain(name, args.data_dir, args.retrieval_variant)
+            try:  # a trajectory names a built-in domain or one of --domain-spec: nothing it says is imported
+                return registered_domain(name, args.data_dir, args.retrieval_variant)
             except KeyError:
-                raise KeyError(f"domain '{name}' is not built in; name it with --domain-spec package.module:function"
-                               ) from None
+                raise KeyError(f"domain {repr(name)[:200]} is not built in; name it with --domain-spec "
+                               "package.module:function") from None
 
         conversations, total = successful_conversations(args.trajectories, domain_of, args.min_reward)
         what = f"{len(conversations)} of {total} episodes (reward >= {args.min_reward}) of {args.trajectories}"

@@ -22,6 +22,7 @@ from ctu.config.schema import ConfigError
 from ctu.observe.records import RecordError, Unreadable, parse_record, split_records  # noqa: F401 - re-exported
 from ctu.observe.tracking import read_evals
 from ctu.train.checkpoint import checkpoint_step, resolve_resume
+from ctu.train.manifest import manifest_problem
 
 RECORD_FILES = ("metrics.jsonl", "eval/history.jsonl")
 
@@ -54,7 +55,7 @@ def prepare_resume(config) -> str | None:
         return None
     run_dir = Path(config.run.dir)
     records = {name: repair_records(run_dir / name) for name in RECORD_FILES}
-    checkpoint = resolve_resume(run_dir / "checkpoints", t.resume)
+    checkpoint = resolve_resume(run_dir / "checkpoints", t.resume, t.max_steps)  # intact, within max_steps
     if checkpoint is None:
         return None
     check_shapes(config, checkpoint)
@@ -94,9 +95,16 @@ def check_shapes(config, checkpoint: Path) -> None:
 
 
 def exported(folder: Path) -> bool:
-    """Whether a finished export is there: the merged model's config and weights."""
+    """Whether a finished export is there: the merged model's config and weights, every file as the export's
+    manifest says (one cut short by a full disk, or written before manifests, is exported again)."""
     merged = folder / "merged"
-    return (merged / "config.json").is_file() and any(merged.glob("*.safetensors"))
+    if not ((merged / "config.json").is_file() and any(merged.glob("*.safetensors"))):
+        return False
+    problem = manifest_problem(folder)
+    if problem is not None:
+        print(f"ctu: warning: the export is not complete ({problem}); it is written again", file=sys.stderr,
+              flush=True)
+    return problem is None
 
 
 def recorded_final(run_dir: Path, step: int) -> dict[str, float] | None:

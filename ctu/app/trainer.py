@@ -47,6 +47,7 @@ from ctu.rollout.loop import EpisodeSpec, Trajectory, warn_prompt_budget
 from ctu.rollout.stitch import trajectory_samples
 from ctu.train.checkpoint import clean_stale, list_checkpoints, previous_run, resolve_resume
 from ctu.train.demos import demo_tasks, prepared_samples, replay_note, replayed_demos, warm_start_samples
+from ctu.train.manifest import write_folder
 from ctu.train.sync import WeightSync
 from ctu.train.update import to_sample
 
@@ -365,7 +366,7 @@ class Trainer:
         save_config(cfg, self.run_dir / "config.yaml")
         ckpt_root = self.run_dir / "checkpoints"
         clean_stale(ckpt_root)
-        resume_from = resolve_resume(ckpt_root, t.resume)
+        resume_from = resolve_resume(ckpt_root, t.resume, t.max_steps)
         if resume_from is not None:
             self.step, extra, rebased = self.group.load(resume_from)
             if rebased and (problem := self.sync.base_change_problem("trainer.resume", f"{resume_from}'s warm start")):
@@ -422,7 +423,9 @@ class Trainer:
             summary["after"] = self.evaluate(f"step_{self.step}") if final is None else final
             if t.export:
                 self._safe_point("after the final evaluation, before the export")
-                summary["export"] = self.group.export(self.run_dir / "export", cfg.model.path)
+                # written beside, then renamed with its manifest: "exported" means complete
+                summary["export"] = write_folder(self.run_dir / "export",
+                                                 lambda tmp: self.group.export(tmp, cfg.model.path))
                 print(f"exported: {summary['export']}")
         from ctu.observe.report import draw_curves
 

@@ -5,7 +5,9 @@ optimizer state (``get_state_dict``: fully-qualified names, so any world size â€
 can load them), ``state.pt`` (scheduler, rank 0's RNG states, ``extra``) and the completion marker
 ``checkpoint.json``. Every rank writes into ``ROOT/.tmp-step_N``; after a barrier rank 0 writes the marker and
 renames the directory into place. A run killed mid-write leaves only the ``.tmp-`` directory, which resuming
-ignores (:func:`latest_sharded`) and the next save of that step replaces.
+ignores (:func:`latest_sharded`) and the next save of that step replaces. Rank 0 writes ``manifest.json`` (every
+file's size and sha256) last, after the marker; resuming checks it (:func:`ctu.train.checkpoint.resolve_resume`) and
+reads ``state.pt`` as data only.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from ctu.train.checkpoint import COMPLETE, list_checkpoints, rng_state, set_rng_state
+from ctu.train.checkpoint import COMPLETE, checkpoint_step, list_checkpoints, rng_state, set_rng_state
+from ctu.train.manifest import MANIFEST, DamagedError, load_tensors, write_manifest
 
 __all__ = ["latest_sharded", "load_sharded", "save_sharded"]
 
@@ -63,8 +66,9 @@ def save_sharded(root: str | Path, step: int, *, policy, optimizer, scheduler, e
             torch.save(value, tmp / name)
     _barrier()  # every shard is on disk before the marker
     if _rank() == 0:
-        (tmp / COMPLETE).write_text(json.dumps({"step": step, "format": "dcp",
+        (tmp / COMPLETE).write_text(json.dumps({"step": step, "format": "dcp", "manifest": MANIFEST,
                                                 "world_size": dist.get_world_size() if _distributed() else 1}))
+        write_manifest(tmp)  # last: every rank's shards and rank 0's files, checked on resume
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -92,7 +96,12 @@ def load_sharded(path: str | Path, *, policy, optimizer, scheduler) -> tuple[int
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(policy.model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],  # type: ignore[arg-type]
                    options=_LOAD_OPTIONS)
-    saved = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
-    scheduler.load_state_dict(saved["scheduler"])
-    set_rng_state(saved["rng"])
-    return json.loads((path / COMPLETE).read_text())["step"], saved["extra"]
+    saved = load_tensors(path / "state.pt")  # data only: a pickle that would run code is refused
+    try:
+        scheduler.load_state_dict(saved["scheduler"])
+        set_rng_state(saved["rng"])
+        extra = saved["extra"]
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise DamagedError(f"{path / 'state.pt'} is not a checkpoint's state ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:200]})") from None
+    return checkpoint_step(path), extra

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Iterable
 
 from ctu.domains.base import Domain
 
@@ -37,6 +38,21 @@ def _load_domain(name: str, data_dir: str | None, retrieval_variant: str | None)
 
 
 get_domain.cache_clear = _load_domain.cache_clear  # type: ignore[attr-defined]
+
+
+def registered_domain(name: object, data_dir: str | None = None, retrieval_variant: str | None = None,
+                      registered: Iterable[str] = ()) -> Domain:
+    """The domain a data file names (a transcript line, a trajectory, a parquet row): a built-in one, or one of
+    ``registered`` (the ``module:function`` names the run's config or command line gave). Nothing named only by the
+    data is imported: a data line's ``"shutil:rmtree"`` is a :class:`KeyError`, never a call."""
+    allowed = set(registered)
+    if not isinstance(name, str) or (name not in DOMAINS and name not in allowed):
+        custom = sorted(n for n in allowed if n not in DOMAINS)
+        also = f"; or one the config or command line names ({', '.join(custom)})" if custom else \
+            "; a custom domain (package.module:function) is named by the config or command line, never by a data file"
+        raise KeyError(f"unknown domain {repr(name)[:200]} "
+                       f"(a data file may name: {', '.join(DOMAINS)}{also})")
+    return get_domain(name, data_dir, retrieval_variant)
 
 
 def _load_custom(spec: str, data_dir: str | None) -> Domain:

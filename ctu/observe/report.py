@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ctu.observe.records import number
 from ctu.observe.stats import bootstrap_ci, paired_change_ci
 from ctu.observe.tracking import read_evals, read_metrics
 
@@ -52,13 +53,21 @@ def _draw_evals(ax_step, ax_wall, evals: Sequence[dict[str, Any]]) -> None:
         ax.legend(fontsize=6)
 
 
+def _metric_problem(record: dict[str, Any]) -> str | None:
+    """A drawn metric that is not a number (NaN and infinities are: the curve shows the gap)."""
+    for key in (k for keys in PANELS for k in keys):
+        if record.get(key) is not None and not number(record[key]):
+            return f"'{key}' is not a number"
+    return None
+
+
 def draw_curves(run_dir: str | Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_metrics(run_dir)
+    rows = read_metrics(run_dir, _metric_problem)
     evals = read_evals(run_dir)
     if not rows and not evals:
         raise FileNotFoundError(f"{Path(run_dir) / 'metrics.jsonl'} has no records to draw")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ctu.config.redact import redact_data
-from ctu.observe.records import read_records
+from ctu.observe.records import Check, finite, number, read_records
 
 
 def _clean(value: Any) -> Any:
@@ -129,8 +130,8 @@ class Tracker:
         self.finish(exit_code=0 if exc_type is None else 1)
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    return read_records(Path(run_dir) / "metrics.jsonl")
+def read_metrics(run_dir: str | Path, check: Check | None = None) -> list[dict[str, Any]]:
+    return read_records(Path(run_dir) / "metrics.jsonl", check)
 
 
 def eval_history_path(run_dir: str | Path) -> Path:
@@ -163,4 +164,22 @@ def record_eval(run_dir: str | Path, *, tag: str, phase: str, step: int, success
 
 
 def read_evals(run_dir: str | Path) -> list[dict[str, Any]]:
-    return read_records(eval_history_path(run_dir))
+    return read_records(eval_history_path(run_dir), eval_problem)
+
+
+PHASES = ("before", "after_warm_start", "periodic", "final")
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a folder under run.dir/eval: no paths, no '..'
+
+
+def eval_problem(record: dict[str, Any]) -> str | None:
+    """What an ``eval/history.jsonl`` record lacks of :func:`record_eval`'s (its readers draw and index by it)."""
+    if not isinstance(record.get("tag"), str) or not TAG.fullmatch(record["tag"]):
+        return "'tag' is not an evaluation's folder name"
+    if record.get("phase") not in PHASES:
+        return f"'phase' is not one of {', '.join(PHASES)}"
+    if not finite(record.get("started")):
+        return "'started' is not a finite number"
+    success = record.get("success")
+    if not isinstance(success, dict) or not all(v is None or number(v) for v in success.values()):
+        return "'success' is not an object of numbers"
+    return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 from collections.abc import Sequence
 
@@ -24,6 +25,15 @@ FAILURE_MODES = ("wrong_tool", "wrong_arguments", "policy_violation", "missing_c
 PROMPT = f"""You review a customer-service agent's conversation. Name its failure modes, from this list:
 {", ".join(FAILURE_MODES)}. Then score the agent's process from -1 (harmful) to 1 (exemplary).
 Answer with JSON only: {{"failure_modes": [...], "score": <number between -1 and 1>}}"""
+
+
+def _finite(score: int | float) -> float | None:
+    """The score as a finite float, or None (NaN, an infinity, an integer too large for a float)."""
+    try:
+        value = float(score)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 class JudgeShaper:
@@ -51,7 +61,10 @@ class JudgeShaper:
         score = parsed[0].get("score") if parsed and isinstance(parsed[0], dict) else None
         if not isinstance(score, (int, float)) or isinstance(score, bool):
             return 0.0, f"the shaping judge's reply has no numeric score: {text[:200]!r}"
-        return self.max_bonus * max(-1.0, min(1.0, float(score))), None
+        value = _finite(score)
+        if value is None:  # NaN compares false with both bounds: clamped, it was the largest bonus
+            return 0.0, f"the shaping judge's score is not a finite number: {text[:200]!r}"
+        return self.max_bonus * max(-1.0, min(1.0, value)), None
 
     async def bonuses(self, trajectories: Sequence) -> list[float]:
         """One bonus per trajectory; those without one (the judge failed or gave no score) are counted in one

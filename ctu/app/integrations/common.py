@@ -9,7 +9,7 @@ from collections.abc import Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ctu.domains import get_domain
+from ctu.domains import registered_domain
 from ctu.domains.base import Domain, Task
 from ctu.episode.data.prompts import row_task
 from ctu.episode.parsing import parse_model_output
@@ -41,7 +41,7 @@ def task_of(ground_truth: Any, extra_info: Mapping[str, Any] | None, data_source
     row = {"reward_model": {"ground_truth": ground_truth}, "extra_info": plain(extra_info or {}),
            "data_source": data_source}
     name, task, _ = row_task(row)
-    return get_domain(name, data_dir), task
+    return registered_domain(name, data_dir), task  # a row names a built-in domain: nothing it says is imported
 
 
 def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:

@@ -110,53 +110,96 @@ def _ground_truth(row: dict[str, Any]) -> Any:
 def row_task(row: dict[str, Any]) -> tuple[str, Task, str]:
     """(domain, task, split) of one prompt row whose ground truth is a tau2 task (a JSON string or an object)."""
     truth = _ground_truth(row)
-    if isinstance(truth, str):
-        try:
-            truth = json.loads(truth)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"ground_truth is not JSON ({exc.msg}); expected a tau2 task") from None
-    if not isinstance(truth, dict) or "id" not in truth:
-        raise DataError("ground_truth is not a tau2 task (an object with an 'id')")
     try:
-        task = Task.from_tau2(truth)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise DataError(f"ground_truth is not a tau2 task: {exc!r}") from None
+        if isinstance(truth, str):
+            try:
+                truth = json.loads(truth)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"ground_truth is not JSON ({exc.msg}); expected a tau2 task") from None
+        if not isinstance(truth, dict) or "id" not in truth:
+            raise DataError("ground_truth is not a tau2 task (an object with an 'id')")
+        try:
+            task = Task.from_tau2(truth)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DataError(f"ground_truth is not a tau2 task: {' '.join(repr(exc).split())[:300]}") from None
+    except RecursionError:
+        raise DataError("ground_truth is nested too deeply to be a tau2 task") from None
     extra: Any = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
-    domain = extra.get("domain") or str(row.get("data_source") or "").removeprefix("ctu/")
+    source = row.get("data_source")
+    domain = extra.get("domain")
+    if domain is None or domain == "":
+        if source is not None and not isinstance(source, str):
+            raise DataError(f"data_source is {type(source).__name__}, not a string naming the task's domain")
+        domain = (source or "").removeprefix("ctu/")
+    if not isinstance(domain, str):
+        raise DataError(f"extra_info.domain is {type(domain).__name__} ({str(domain)[:50]}), not a domain name")
     if not domain:
         raise DataError("no extra_info.domain or data_source to name the task's domain")
-    if not DOMAIN_NAME.fullmatch(str(domain)):  # it names a folder under --out: no paths, no '..'
-        raise DataError(f"domain {str(domain)!r} (extra_info.domain or data_source) is not a domain name: "
+    if not DOMAIN_NAME.fullmatch(domain):  # it names a folder under --out: no paths, no '..'
+        raise DataError(f"domain {domain[:100]!r} (extra_info.domain or data_source) is not a domain name: "
                         "letters, digits, '_', '-' and '.' only, not starting with '.'")
-    return domain, task, extra.get("split") or ""
+    split = extra.get("split")
+    if split is not None and not isinstance(split, str):
+        raise DataError(f"extra_info.split is {type(split).__name__} ({str(split)[:50]}), not a split name")
+    return domain, task, split or ""
 
 
 def read_prompts(path: str | Path) -> dict[str, dict[str, Any]]:
     """{domain: {"tasks": [Task], "splits": {split: [ids]}}} of a parquet prompt dataset of tau2 tasks.
     Errors name the file and the row (0-based, as pandas and pyarrow count)."""
-    pq = pyarrow_parquet()
     p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{p}: no such parquet file")
-    try:
-        rows = pq.read_table(p).to_pylist()
-    except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError kinds
-        raise DataError(f"{p}: not a parquet file ({' '.join(str(exc).split())})") from None
     out: dict[str, dict[str, Any]] = {}
-    for n, row in enumerate(rows):
+    seen: set[tuple[str, str]] = set()
+    for n, row in _rows(p):
         try:
             domain, task, split = row_task(row)
         except DataError as exc:
             raise DataError(f"{p}: row {n}: {exc}") from None
         entry = out.setdefault(domain, {"tasks": [], "splits": {}})
-        if any(t.id == task.id for t in entry["tasks"]):
+        if (domain, task.id) in seen:
             raise DataError(f"{p}: row {n}: task '{task.id}' of domain '{domain}' appears twice")
+        seen.add((domain, task.id))
         entry["tasks"].append(task)
         if split:
             entry["splits"].setdefault(split, []).append(task.id)
     if not out:
         raise DataError(f"{p}: no rows")
     return out
+
+
+BATCH_ROWS = 16  # rows decoded at a time
+BATCH_BYTES = 256 << 20  # what those rows may take decoded: a small file can decode to much more (dictionaries)
+
+
+def _rows(p: Path):
+    """(row number, row) of a parquet file, read a few rows at a time (only the columns a task is read from), each
+    batch's decoded size checked before it becomes Python objects. Errors name the file and the row."""
+    pq = pyarrow_parquet()
+    if not p.is_file():
+        raise DataError(f"{p}: no such parquet file")
+    try:
+        handle = pq.ParquetFile(p)
+        names = set(handle.schema_arrow.names)
+    except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError kinds
+        raise DataError(f"{p}: not a parquet file ({' '.join(str(exc).split())[:300]})") from None
+    if not names & {"reward_spec", "reward_model"}:
+        raise DataError(f"{p}: no reward_spec or reward_model column: not a prompt dataset of tau2 tasks")
+    columns = [c for c in ("data_source", "reward_spec", "reward_model", "extra_info") if c in names]
+    n = 0
+    batches = handle.iter_batches(batch_size=BATCH_ROWS, columns=columns)
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception as exc:
+            raise DataError(f"{p}: row {n}: cannot be read ({' '.join(str(exc).split())[:300]})") from None
+        if batch is None:
+            return
+        if batch.nbytes > BATCH_BYTES:
+            raise DataError(f"{p}: rows {n}-{n + batch.num_rows - 1}: {batch.nbytes >> 20} MiB decoded, more than "
+                            f"{BATCH_BYTES >> 20} MiB for {BATCH_ROWS} rows: not a prompt dataset of tau2 tasks")
+        for row in batch.to_pylist():
+            yield n, row
+            n += 1
 
 
 def write_tasks(folder: str | Path, tasks: Sequence[Task], splits: dict[str, list[str]]) -> Path:

@@ -1,6 +1,8 @@
 """Hostile inputs drawn by hypothesis at every command (configs and overrides, tasks files, SFT files, transcripts,
-trajectories, parquet files): each run exits 0 or 1, a failure is one line naming the key, file or line (no
-traceback), nothing is written outside run.dir or --out, and each takes under 30 s.
+trajectories with hostile ``domain`` values, parquet files, a run's records for ``ctu report``, a human agent's
+lines for ``ctu play``): each run exits 0 or 1, a failure is one line naming the key, file or line (no traceback),
+nothing is written outside run.dir or --out, nothing a data line names is imported or run (a ``--data-dir`` canary
+survives ``shutil:rmtree``), and each takes under 30 s.
 
 No model loads: a config is run with ``model.path`` set to a directory that does not exist, so one that passes every
 check stops at the model with one line naming it."""
@@ -53,6 +55,12 @@ def json_line(value) -> bytes:
     return json.dumps(value, allow_nan=True).encode()
 
 
+# a data line's domain that names code: importing and calling it deleted --data-dir, exited, printed the Zen of Python
+CODE_DOMAINS = ["shutil:rmtree", "sys:exit", "os:listdir", "this:x", "os:system", "builtins:exit", "os:_exit",
+                "importlib:import_module", "tests.support.word_domain:load"]
+ZEN = "Beautiful is better than ugly"
+
+
 # a line of a JSONL data file: good, broken, deep, overlong, not UTF-8, or any JSON
 LINES = st.one_of(
     st.just(json_line(GOLD)),
@@ -61,6 +69,8 @@ LINES = st.one_of(
     st.just(b'{"task_id": "a", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
     st.just(b'{"messages": [{"role": "user", "content": "\xff"}]}'),
     st.just(b"[" * 3000),
+    st.sampled_from(CODE_DOMAINS).map(lambda d: json_line(dict(GOLD, domain=d, reward=1.0))),
+    HOSTILE.map(lambda d: json_line(dict(GOLD, domain=d, reward=1.0))),
     HOSTILE.map(json_line),
     st.binary(max_size=40),
 )
@@ -79,9 +89,16 @@ def files_under(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
+def canary(workdir: Path) -> str:
+    """A ``--data-dir`` holding one file: a data line whose domain is ``shutil:rmtree`` deleted it."""
+    (workdir / "canary").mkdir(exist_ok=True)
+    (workdir / "canary" / "keep").write_text("x")
+    return "canary"
+
+
 def run_cli(workdir: Path, argv: list[str], capsys, allowed=("run", "out")) -> tuple[int, str]:
     """``main(argv)`` in ``workdir``: exit 0 or 1, under 30 s, no traceback, one error line, nothing written outside
-    ``allowed``. Returns (exit status, the error line or '')."""
+    ``allowed``, nothing deleted, nothing a data line names run. Returns (exit status, the error line or '')."""
     before = files_under(workdir)
     old = os.getcwd()
     os.chdir(workdir)
@@ -91,8 +108,10 @@ def run_cli(workdir: Path, argv: list[str], capsys, allowed=("run", "out")) -> t
     finally:
         os.chdir(old)
     took = time.monotonic() - start
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert took < 30, (argv, took)
+    assert before <= files_under(workdir), (argv, before - files_under(workdir))  # nothing deleted
+    assert ZEN not in out + err, argv
     assert code in (0, 1), (argv, code, err[-2000:])
     assert "Traceback" not in err, (argv, err[-3000:])
     new = {p for p in files_under(workdir) - before if p.split(os.sep)[0] not in allowed}
@@ -155,11 +174,12 @@ def test_score_survives_hostile_transcripts(tmp_path_factory, capsys, data, as_j
     old = os.getcwd()
     os.chdir(workdir)
     try:
-        code = main(["score", "--domain", "mini", path, *(["--json"] if as_json else [])])
+        code = main(["score", "--domain", "mini", path, "--data-dir", canary(workdir), *(["--json"] if as_json else [])])
     finally:
         os.chdir(old)
     captured = capsys.readouterr()
     assert code in (0, 1) and "Traceback" not in captured.err, captured.err[-3000:]
+    assert (workdir / "canary" / "keep").is_file() and ZEN not in captured.out
     for line in captured.err.splitlines():  # every bad line is named by FILE:LINE, the summary says how many
         assert line.startswith(f"{path}:") or line.startswith("scored "), line[:300]
     assert code == (1 if f"{path}:" in captured.err else 0)
@@ -173,7 +193,8 @@ def test_data_export_survives_hostile_trajectories(tmp_path_factory, capsys, dat
     (workdir / "evalrun").mkdir()
     write(workdir, "evalrun/trajectories.jsonl", data)
     where = ["--domain", domain] if domain else ["--trajectories", "evalrun"]
-    argv = ["data", "export", *where, "--format", fmt, "--out", "out/o.jsonl", f"--min-reward={min_reward}"]
+    argv = ["data", "export", *where, "--format", fmt, "--out", "out/o.jsonl", f"--min-reward={min_reward}",
+            "--data-dir", canary(workdir)]
     try:
         code, line = run_cli(workdir, argv, capsys)
     except SystemExit as exc:  # argparse refused --min-reward (not a float): exit 2, its usage message
@@ -228,3 +249,59 @@ def test_env_check_survives_hostile_data_dirs(tmp_path_factory, capsys, split, t
         finally:
             get_domain.cache_clear()
         assert_named(line)
+
+
+# a run's records as ctu report reads them: good ones, ones with hostile fields, or any data line
+RECORD = st.fixed_dictionaries({"step": st.one_of(st.integers(-2, 5), HOSTILE)}, optional={
+    "rollout/reward": HOSTILE, "train/loss": HOSTILE, "tag": st.one_of(st.sampled_from(["step_0", "../x", "a/b"]), HOSTILE),
+    "phase": st.one_of(st.sampled_from(["before", "final", "periodic", "x"]), HOSTILE),
+    "started": st.one_of(st.floats(allow_nan=True), st.just(10**400), HOSTILE),
+    "success": st.one_of(st.dictionaries(st.sampled_from(["overall", "mini", ""]), HOSTILE, max_size=2), HOSTILE)})
+RECORDS = st.one_of(DATA_FILE, st.lists(RECORD.map(json_line), max_size=4).map(lambda ls: b"\n".join(ls) + b"\n"))
+
+
+@FUZZ
+@given(metrics=RECORDS, history=RECORDS, trajectories=DATA_FILE)
+def test_report_survives_hostile_run_records(tmp_path_factory, capsys, metrics, history, trajectories):
+    workdir = tmp_path_factory.mktemp("cwd")
+    (workdir / "run" / "eval" / "step_0").mkdir(parents=True)
+    write(workdir, "run/metrics.jsonl", metrics)
+    write(workdir, "run/eval/history.jsonl", history)
+    write(workdir, "run/eval/step_0/trajectories.jsonl", trajectories)
+    code, line = run_cli(workdir, ["report", "run"], capsys, allowed=("run",))
+    assert_named(line)
+    assert code == 1 or (workdir / "run" / "curves.png").is_file()
+
+
+@FUZZ
+@given(tree=st.dictionaries(st.sampled_from(KEYS), HOSTILE, max_size=2), tasks=TASKS_FILE, typed=DATA_FILE,
+       task=st.sampled_from([MINI.tasks[0].id, "nope", "../x", ""]))
+def test_play_survives_hostile_configs_and_human_lines(tmp_path_factory, capsys, tree, tasks, typed, task):
+    from unittest import mock
+
+    workdir = tmp_path_factory.mktemp("cwd")
+    write(workdir, "tasks.json", tasks)
+    nested: dict = {}
+    for key, value in tree.items():
+        node = nested
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+        node[last] = "tasks.json" if key == "env.tasks.mini" else value
+    try:
+        text = yaml.safe_dump(nested, allow_unicode=True).encode("utf-8", "surrogatepass")
+    except yaml.YAMLError:
+        text = b""
+    config = write(workdir, "c.yaml", text)
+    lines = [raw.decode("utf-8", "replace") for raw in typed.split(b"\n")][:6]
+
+    def typed_in(prompt=""):
+        if not lines:
+            raise EOFError
+        return lines.pop(0)
+
+    argv = ["play", "--domain", "mini", "--task", task, "--human", "--config", config, f"model.path={MODEL}",
+            "run.dir=run", "user.kind=scripted", "wandb.enabled=false"]
+    with mock.patch("builtins.input", typed_in):
+        _, line = run_cli(workdir, argv, capsys)
+    assert_named(line)

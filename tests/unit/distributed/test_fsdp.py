@@ -260,6 +260,12 @@ def test_dcp_checkpoint_commits_atomically_and_loads_at_another_world_size(model
     path = Path(got["path"])
     assert path == root / "step_1" and json.loads((path / "checkpoint.json").read_text())["step"] == 1
     assert got["step"] == 1 and got["extra"] == {"cursor": 7}
+    from ctu.train.checkpoint import checkpoint_problem
+
+    files = json.loads((path / "manifest.json").read_text())["files"]  # written last by rank 0: both ranks' shards
+    assert {"state.pt", "checkpoint.json", ".metadata"} <= set(files) and sum(".distcp" in f for f in files) == 2
+    assert checkpoint_problem(path) is None
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(path / "state.pt") == []
     for name, t in got["weights"].items():
         torch.testing.assert_close(got["reloaded"][name], t, rtol=0, atol=0)
     # a run killed while writing step 2 left a partial temporary directory: resume takes step 1
@@ -280,6 +286,29 @@ def test_dcp_checkpoint_commits_atomically_and_loads_at_another_world_size(model
         torch.testing.assert_close(loaded[name], t, rtol=0, atol=0)
     states = [s for s in opt.state.values() if "exp_avg" in s]
     assert len(states) == len(loaded) and all(float(s["exp_avg"].abs().sum()) > 0 for s in states)
+
+
+def test_a_sharded_checkpoints_state_is_read_as_data_only(model_path, tmp_path):
+    """A pickle planted in ``state.pt`` (with a manifest to match) is refused by name, never run."""
+    import os
+
+    from ctu.distributed.dcp import load_sharded, save_sharded
+    from ctu.train.manifest import DamagedError, write_manifest
+
+    class Touch:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'ran'}",))
+
+    cfg, policy = make_policy(model_path, ["lora.enabled=true"])
+    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    path = save_sharded(tmp_path / "ck", 1, policy=policy, optimizer=opt, scheduler=sched, extra={"cursor": 7})
+    assert load_sharded(path, policy=policy, optimizer=opt, scheduler=sched) == (1, {"cursor": 7})
+    torch.save({"scheduler": Touch()}, path / "state.pt")
+    write_manifest(path)
+    with pytest.raises(DamagedError, match="state.pt: refused"):
+        load_sharded(path, policy=policy, optimizer=opt, scheduler=sched)
+    assert not (tmp_path / "ran").exists()
 
 
 def test_a_checkpoint_of_two_fsdp_ranks_resumes_in_one_process(model_path, distributed):

@@ -64,7 +64,7 @@ def test_checkpoints_are_atomic_and_resume_skips_partial_writes(tmp_path):
     assert latest.name == "step_3"
     step, extra = load_checkpoint(latest, model=model, optimizer=opt, scheduler=sched)
     assert step == 3 and extra == {"cursor": 3}
-    assert json.loads((latest / "checkpoint.json").read_text()) == {"step": 3}
+    assert json.loads((latest / "checkpoint.json").read_text())["step"] == 3
     with pytest.raises(FileNotFoundError):
         resolve_resume(tmp_path, str(tmp_path / "step_5"))
     assert resolve_resume(tmp_path / "nothing", "latest") is None
