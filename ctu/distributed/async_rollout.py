@@ -287,8 +287,9 @@ class AsyncPool(RolloutPool):
 
     def play(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int) -> Awaitable[list[Trajectory]]:
         """The producer's :data:`Player` for pools whose episodes run elsewhere (rollout workers, agent
-        processes): one group as a synchronous call of the wrapped pool, in a thread."""
-        return asyncio.to_thread(self.inner.run, specs, params, seed)
+        processes): one group as a synchronous call of the wrapped pool, in a thread; whole on one Ray worker
+        where the pool can (``play_group``: :mod:`ctu.distributed.group_play`)."""
+        return asyncio.to_thread(getattr(self.inner, "play_group", self.inner.run), specs, params, seed)
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
         self.inner.update_weights(named_tensors, version)
