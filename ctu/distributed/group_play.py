@@ -43,7 +43,7 @@ class SharedLoop:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="ctu-worker-groups", daemon=True).start()
+                threading.Thread(target=_run, args=(loop,), name="ctu-worker-groups", daemon=True).start()
                 self._loop = loop
             return self._loop
 
@@ -64,11 +64,30 @@ class SharedLoop:
         return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(specs))))
 
     def close(self) -> None:
+        """Cancel what still runs on the loop (the batcher's server, episodes in flight) and end its thread."""
         with self._lock:
             loop, self._loop = self._loop, None
-        if loop is not None:
-            loop.call_soon_threadsafe(self.batcher.close)
+        if loop is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(_cancel_all(), loop).result(30)
+        finally:
             loop.call_soon_threadsafe(loop.stop)
+
+
+def _run(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+async def _cancel_all() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def play_on_one_worker(pool, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int) -> list[Trajectory]:

@@ -80,7 +80,8 @@ class RolloutWorker:
                                                name=f"w{index}")
         self.version = -1
         self._loading = threading.Lock()  # catch-up (rollout thread) and pushed loads (sync thread): one at a time
-        self.groups: SharedLoop | None = None  # the producer's groups, played at once (ctu.distributed.group_play)
+        self.groups = SharedLoop(self.engine, self.chat, self.user, self.limits,  # the producer's groups, at once
+                                 max_batch_size=config.engine.max_batch_size, concurrency=config.eval.concurrency)
         self.played = 0  # groups played whole here
 
     def pid(self) -> int:
@@ -160,10 +161,6 @@ class RolloutWorker:
         self.played += 1
         if self.agent is not None:  # its calls may overlap
             return self.agent.run(specs, params, seed)
-        if self.groups is None:
-            self.groups = SharedLoop(self.engine, self.chat, self.user, self.limits,
-                                     max_batch_size=self.config.engine.max_batch_size,
-                                     concurrency=self.config.eval.concurrency)
         return self.groups.play(specs, params, seed)
 
     def groups_played(self) -> int:
@@ -201,8 +198,7 @@ class RolloutWorker:
         if self.agent is not None:
             self.agent.close()
             self.agent = None
-        if self.groups is not None:
-            self.groups.close()
+        self.groups.close()
         close = getattr(self.engine, "close", None)
         if close is not None:
             close()
