@@ -154,12 +154,10 @@ def _check_export(model_path: str) -> None:
 
 
 def _evaluate(config) -> int:
-    import asyncio
-
-    from ctu.app.evaluate import all_errored, episode_specs, nothing_to_evaluate, progress_bar, write_report
+    from ctu.app.evaluate import all_errored, episode_specs, nothing_to_evaluate, play_episodes, write_report
     from ctu.config.schema import save_config
     from ctu.rollout import components as build
-    from ctu.rollout.loop import RolloutLimits, rollout, warn_prompt_budget
+    from ctu.rollout.loop import warn_prompt_budget
 
     domains = build.build_domains(config)
     specs = episode_specs(domains, config.eval.splits, config.eval.samples_per_task, config.eval.max_tasks)
@@ -170,15 +168,7 @@ def _evaluate(config) -> int:
     chat = build.build_chat(config)
     warn_prompt_budget(chat, domains, config.env.max_context_tokens)
     engine = build.build_engine(config, tokenizer=chat.tokenizer)
-    limits = RolloutLimits(config.env.max_turns, config.env.max_errors, config.env.max_context_tokens)
-    try:
-        with progress_bar(len(specs)) as done:
-            trajectories = asyncio.run(rollout(
-                specs, chat, engine, user, build.sampling_params(config, config.eval.temperature),
-                limits, judge=judge, concurrency=config.eval.concurrency,
-                max_batch_size=config.engine.max_batch_size, on_done=done))
-    finally:
-        engine.close()
+    trajectories = play_episodes(config, specs, chat, engine, user, judge)  # closes the engine
     report = write_report(config.run.dir, trajectories, config.eval.save_tokens)
     errored = all_errored(trajectories)
     if errored:

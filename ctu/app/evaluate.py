@@ -84,6 +84,28 @@ def progress_bar(total: int, desc: str = "eval") -> Iterator:
         bar.close()
 
 
+def play_episodes(config, specs: Sequence[EpisodeSpec], chat, engine, user, judge) -> list[Trajectory]:
+    """The evaluation's episodes at ``eval.temperature``, NL assertions judged: played by ``agent.command`` when
+    the config names one (the program a user trains is the one evaluated, docs/agents.md), else by ctu's loop on
+    ``engine``; a progress bar over them. Closes the engine."""
+    from ctu.distributed.agent_pool import AgentPool
+    from ctu.distributed.pool import LocalPool
+    from ctu.rollout import components as build
+
+    try:
+        pool = (AgentPool.from_config(config, engine, chat, user, judge=judge) if config.agent.command
+                else LocalPool.from_config(config, engine, chat, user, judge=judge))
+    except BaseException:
+        engine.close()
+        raise
+    try:
+        with progress_bar(len(specs)) as done:
+            return pool.run(specs, build.sampling_params(config, config.eval.temperature), seed=0,
+                            judge_enabled=True, on_done=done)
+    finally:
+        pool.close()
+
+
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     """Metrics per domain and overall. Errored episodes are excluded from rewards but counted.
 

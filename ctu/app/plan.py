@@ -46,7 +46,8 @@ micro-batch of its own). Per GPU (FSDP2 FULL_SHARD divides the first four by N):
   compute-dtype result) or one weight's cast; a sharded policy's gathered stream (:func:`ctu.app.plan_terms.stream_peak`:
   one unit gathered while the previous unit's gathered weights, fp32 deltas and handed-out clones are still
   referenced; at 8B LoRA the root unit and its bf16 clone), or the fp32 adapter (engine.weight_sync=adapter, whose
-  vLLM also keeps one adapter's bf16 LoRA slots out of its fraction). Beside it a sleeping vLLM holds
+  vLLM also keeps bf16 LoRA slots out of its fraction: one adapter's in process, ``engine.max_loras`` or k + 1 in
+  a server ctu launches). Beside it a sleeping vLLM holds
   (:func:`ctu.app.plan_terms.sync_engine_state`) its weights and graphs (a merged sync in one process: weights woken,
   loaded, then the KV cache woken), or its graphs only (an adapter written to host before the wake; Ray ranks'
   gather, packed before any engine loads); an engine that does not sleep is awake. The trainer empties its CUDA
@@ -97,6 +98,7 @@ from ctu.app.plan_terms import (  # noqa: F401 - re-exported: the shapes and ter
     vllm_batched_tokens,
     vllm_profiling_peak,
 )
+from ctu.config.derived import served_max_loras
 from ctu.config.schema import engines_sleep, weight_sync_mode
 
 LOGIT_BUDGET = 1 << 25  # = ctu.train.logprobs.LOGIT_BUDGET (checked by a unit test; not imported: no torch here)
@@ -255,8 +257,9 @@ def plan(config, gpus: int | None = None, gpu_memory_gb: float = 80.0, device: s
         fraction = int(config.engine.gpu_memory_utilization * memory)
         parts["vLLM weights (bf16)"] = 2 * p
         parts["vLLM profiling peak"] = vllm_profiling_peak(a, gpu_memory_gb)
-        if lora and weight_sync_mode(config) == "adapter":  # enable_lora: one adapter's slots (max_loras=1)
-            parts["vLLM LoRA slots (bf16)"] = 2 * trainable
+        if lora and weight_sync_mode(config) == "adapter":  # enable_lora: max_loras adapters' slots
+            # in process vLLM's default max_loras=1; a launched server --max-loras served_max_loras (k + 1)
+            parts["vLLM LoRA slots (bf16)"] = 2 * trainable * (served_max_loras(config) if served else 1)
         kv = fraction - parts["vLLM weights (bf16)"] - parts["vLLM profiling peak"]
         kv -= parts.get("vLLM LoRA slots (bf16)", 0)
         parts["vLLM KV cache"] = max(0, kv)

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
+from ctu.distributed.busy import BusyClock
 from ctu.distributed.pool import NamedTensors, RolloutPool
 from ctu.engines.base import Engine, SamplingParams
 from ctu.rollout.loop import EpisodeSpec, GenerationBatcher, RolloutLimits, Trajectory, run_episode
@@ -92,7 +93,7 @@ class RolloutProducer:
         self.draw, self.samples_per_task, self.capacity, self.seed = draw, samples_per_task, capacity, seed
         self.concurrency, self.max_batch_size = concurrency, max_batch_size
         self.player = player  # None: episodes played here, through one shared batcher on ``engine``
-        self.group_seconds = 0.0  # wall time of the groups a player played (its engine's busy time is not seen)
+        self.groups_busy = BusyClock()  # while a player played any group (its engines' own busy time is not seen)
         self.done: queue.Queue = queue.Queue()  # finished Groups (or the exception that stopped the producer)
         self._cond = threading.Condition()
         self.started = 0  # groups started
@@ -125,9 +126,10 @@ class RolloutProducer:
 
     def engine_seconds(self) -> float:
         """Wall time spent inside engine calls so far (the engine's busy time); with a player (rollout workers,
-        agents), the groups' wall time: their engines are elsewhere."""
+        agents), the time in which any group was played (overlapping groups counted once): their engines are
+        elsewhere."""
         if self.player is not None:
-            return self.group_seconds
+            return self.groups_busy.seconds()
         return 0.0 if self.batcher is None else self.batcher.model_seconds
 
     def pause(self) -> None:
@@ -231,11 +233,12 @@ class RolloutProducer:
         seed = self.seed(index)
         params = replace(self.params, seed=seed)
         if self.player is not None:  # rollout workers or agent processes play it: seeds as a synchronous call's
-            started = time.perf_counter()
+            started = self.groups_busy.begin()
             specs = [EpisodeSpec(domain, task, i) for i in range(self.samples_per_task)]
-            trajectories = list(await self.player(specs, params, seed))
-            seconds = time.perf_counter() - started
-            self.group_seconds += seconds
+            try:
+                trajectories = list(await self.player(specs, params, seed))
+            finally:
+                seconds = self.groups_busy.end(started)
             self.done.put(Group(index, trajectories, None, seconds))
             return
         assert self.engine is not None and self.batcher is not None and self.limits is not None  # played here
@@ -284,8 +287,9 @@ class AsyncPool(RolloutPool):
 
     def play(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int) -> Awaitable[list[Trajectory]]:
         """The producer's :data:`Player` for pools whose episodes run elsewhere (rollout workers, agent
-        processes): one group as a synchronous call of the wrapped pool, in a thread."""
-        return asyncio.to_thread(self.inner.run, specs, params, seed)
+        processes): one group as a synchronous call of the wrapped pool, in a thread; whole on one Ray worker
+        where the pool can (``play_group``: :mod:`ctu.distributed.group_play`)."""
+        return asyncio.to_thread(getattr(self.inner, "play_group", self.inner.run), specs, params, seed)
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
         self.inner.update_weights(named_tensors, version)

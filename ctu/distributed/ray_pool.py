@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ctu.distributed.group_play import PLAY, SharedLoop, group_slots, play_on_one_worker
 from ctu.distributed.pool import (
     PROBE_PROMPT,
     NamedTensors,
@@ -79,6 +80,9 @@ class RolloutWorker:
                                                name=f"w{index}")
         self.version = -1
         self._loading = threading.Lock()  # catch-up (rollout thread) and pushed loads (sync thread): one at a time
+        self.groups = SharedLoop(self.engine, self.chat, self.user, self.limits,  # the producer's groups, at once
+                                 max_batch_size=config.engine.max_batch_size, concurrency=config.eval.concurrency)
+        self.played = 0  # groups played whole here
 
     def pid(self) -> int:
         return os.getpid()
@@ -148,6 +152,20 @@ class RolloutWorker:
                          seed=seed, start=start, judge=judge, concurrency=self.config.eval.concurrency,
                          max_batch_size=self.config.engine.max_batch_size, on_done=on_done)
 
+    def play_group(self, keys: Sequence[SpecKey], params: SamplingParams, seed: int, weights_box: list | None,
+                   version: int) -> list[Trajectory]:
+        """One group of the asynchronous producer, beside the others this worker plays: episode i seeded
+        seed + i; first catch up to ``version``."""
+        self.catch_up(weights_box, version)
+        specs = rebuild_specs(keys, self.domains)
+        self.played += 1
+        if self.agent is not None:  # its calls may overlap
+            return self.agent.run(specs, params, seed)
+        return self.groups.play(specs, params, seed)
+
+    def groups_played(self) -> int:
+        return self.played
+
     def _take_fault(self) -> bool:
         if not self.fault_file:
             return False
@@ -180,6 +198,7 @@ class RolloutWorker:
         if self.agent is not None:
             self.agent.close()
             self.agent = None
+        self.groups.close()
         close = getattr(self.engine, "close", None)
         if close is not None:
             close()
@@ -218,6 +237,8 @@ class RayPool(RolloutPool):
         # version) or None], and the newest version; set as one (the box is a list: Ray passes refs in it unresolved)
         self.latest: tuple = (None, -1)
         self.reruns = 0  # chunks re-run after a worker died (all calls)
+        self.playing: dict[int, int] = {}  # worker -> the producer's groups it plays now (play_group)
+        self.playing_lock = threading.Lock()
         if start_timeout_s is None:
             start_timeout_s = config.distributed.start_timeout_s
         try:
@@ -225,7 +246,8 @@ class RayPool(RolloutPool):
                 check_room(ray, bundles, what)
             # weight loads, probes and sleep run in their own thread ("sync"), beside a rollout still running
             # (asynchronous RL): the engine's lock orders them with its generation calls
-            remote = ray.remote(concurrency_groups={SYNC: 1})(RolloutWorker)
+            # and the producer's groups in theirs ("play", ctu.distributed.group_play), several at once
+            remote = ray.remote(concurrency_groups={SYNC: 1, PLAY: group_slots(config)})(RolloutWorker)
             faults = fault_files or {}
             for k in range(num_workers):  # placement: the trainer group's placement group (placement_bundles)
                 options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts,
@@ -289,6 +311,10 @@ class RayPool(RolloutPool):
             for trajectory in results[a:b] if on_done is not None else ():  # a chunk at a time
                 on_done(trajectory)
         return results  # type: ignore[return-value]
+
+    def play_group(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int) -> list[Trajectory]:
+        """One group of the asynchronous producer, whole on one worker (:mod:`ctu.distributed.group_play`)."""
+        return play_on_one_worker(self, specs, params, seed)
 
     def _await_restart(self, k: int) -> bool:
         """Wait until Ray has restarted worker ``k`` (True), or it is dead for good or not back in time (False)."""

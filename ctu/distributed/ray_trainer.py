@@ -138,16 +138,19 @@ class TrainerRank:
         self.rebased.update(rebase_sharded_reference(self.policy))
 
     def merged_weights(self) -> list | None:
-        """Rank 0: ``[ref]`` of the merged weights it put in the object store, packed in the compute dtype (one
-        host copy, :mod:`ctu.distributed.transfer`); the driver passes the ref on without fetching it."""
+        """Rank 0: ``[ref, sums]``: the merged weights it put in the object store, packed in the compute dtype (one
+        host copy, :mod:`ctu.distributed.transfer`), and their fingerprint sums in that dtype, taken as they were
+        packed (the sync compares them with the engines'); the driver passes the ref on without fetching it."""
         import ray
 
         from ctu.distributed.fsdp import gathered_named_tensors
         from ctu.distributed.transfer import pack
+        from ctu.engines.checks.fingerprint import Accumulator
 
         dtype = self.policy.compute_dtype
-        packed = pack(gathered_named_tensors(self.policy, dtype=dtype), dtype)  # every rank gathers; rank 0 keeps
-        return [ray.put(packed)] if self.rank == 0 else None
+        sums = Accumulator([str(dtype).removeprefix("torch.")]) if self.rank == 0 else None
+        packed = pack(gathered_named_tensors(self.policy, dtype=dtype), dtype, sums)  # every rank gathers; rank 0 keeps
+        return [ray.put(packed), sums.sums] if sums is not None else None
 
     def base_weights(self) -> dict | None:
         from ctu.distributed.reference import gathered_base_tensors
@@ -340,7 +343,8 @@ class RayTrainerGroup(TrainerGroup):
     def merged_weights(self):
         from ctu.distributed.transfer import PackedRef
 
-        return PackedRef(self._all("merged_weights", what="the weight sync")[0][0])
+        ref, sums = self._all("merged_weights", what="the weight sync")[0]
+        return PackedRef(ref, sums)
 
     def base_weights(self):
         return self._all("base_weights", what="the weight sync")[0].items()

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ctu.engines.checks.fingerprint import Accumulator
+
 _DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64,
                                torch.int32, torch.uint8, torch.bool)}
 
@@ -35,15 +37,19 @@ class Packed:
         return sum(int(a.nbytes) for a in self.arrays)
 
 
-def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None) -> Packed:
+def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None,
+         sums: Accumulator | None = None) -> Packed:
     """One CPU copy per tensor, cast to ``dtype`` in the same step (None: as it comes; integer/bool buffers are
-    never cast). The stream is consumed one tensor at a time."""
+    never cast). The stream is consumed one tensor at a time. ``sums``: fingerprints the packed values, what an
+    engine loads (:mod:`ctu.engines.checks.fingerprint`)."""
     index, arrays = [], []
     for name, tensor in named_tensors:
         t = torch.as_tensor(tensor).detach()
         wire = dtype if dtype is not None and t.is_floating_point() else t.dtype
         host = torch.empty(t.shape, dtype=wire, device="cpu", pin_memory=False)
         host.copy_(t)  # the one copy: device -> host and cast together
+        if sums is not None:
+            sums.add(host)
         index.append((name, str(wire), tuple(t.shape)))
         arrays.append(host.reshape(-1).view(torch.uint8).numpy())
     return Packed(tuple(index), tuple(arrays))
@@ -68,10 +74,13 @@ def wire_dtype(config) -> torch.dtype:
 
 class PackedRef:
     """Weights already in the object store (put by trainer rank 0): passed on to rollout workers as the ref
-    itself (:meth:`ctu.distributed.ray_pool.RayPool.update_weights`), or iterated where one process needs them."""
+    itself (:meth:`ctu.distributed.ray_pool.RayPool.update_weights`), or iterated where one process needs them.
+    ``sums``: the fingerprint sums of the packed values (an :class:`Accumulator`'s ``sums``, computed as rank 0
+    packed them), which the sync compares with the engines' own; None: unknown."""
 
-    def __init__(self, ref):
+    def __init__(self, ref, sums: dict[str, list] | None = None):
         self.ref = ref
+        self.sums = sums
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         import ray

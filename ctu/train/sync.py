@@ -99,9 +99,10 @@ class WeightSync:
     @staticmethod
     def _fingerprinted(weights, sent: Accumulator):
         """``weights`` fingerprinted as they stream to the engines; weights already in Ray's object store (trainer
-        rank 0's) pass as they are, unfingerprinted (the sums are then unknown, and not compared)."""
+        rank 0's ``PackedRef``) pass as they are, with the sums rank 0 took as it packed them (in the wire dtype;
+        where they are unknown nothing is compared)."""
         if hasattr(weights, "ref"):
-            sent.sums.clear()
+            sent.sums = {dtype: list(acc) for dtype, acc in (getattr(weights, "sums", None) or {}).items()}
             return weights
         return sent.stream(weights)
 

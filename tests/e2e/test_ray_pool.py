@@ -2,6 +2,7 @@
 weight update; every worker passes the parity probe; a worker killed mid-step is restarted and its episodes
 re-run once on the latest weights (then errored). CPU, tiny-random, one local Ray cluster with 2 CPUs."""
 
+import asyncio
 import os
 from dataclasses import replace
 
@@ -10,6 +11,7 @@ import torch
 
 from ctu.app.evaluate import episode_specs
 from ctu.config.schema import load_config
+from ctu.distributed.async_rollout import AsyncPool
 from ctu.distributed.pool import LocalPool, RolloutPool, contiguous_chunks
 from ctu.distributed.ray_pool import RayPool  # imports without ray; a RayPool needs it
 from ctu.engines.checks.parity import check_parity
@@ -116,6 +118,24 @@ def test_same_trajectories_before_and_after_a_weight_update(setup):
     assert local.parity(scorer(model), temperature=temperature, seed=0)[0] <= 1e-4
     stale = pool.parity(scorer(load_model(config.model.path)), temperature=temperature, seed=0)
     assert all(d > 1e-2 for d in stale)  # the probe tells the old weights from the new
+
+
+def test_the_producers_groups_go_whole_to_one_worker_each(setup, ray):
+    # each group was one RayPool.run split over every worker, a worker running one call at a time: an engine
+    # batched samples_per_task / workers episodes of a group, not the groups in flight
+    config, local, pool, specs, params, _ = setup
+    groups = [specs[0:2], specs[2:4]]  # two tasks, two samples each
+    before = ray.get([w.groups_played.remote() for w in pool.workers])
+    player = AsyncPool(pool)
+
+    async def both():
+        return await asyncio.gather(*(player.play(g, params, SEED + 10 * i) for i, g in enumerate(groups)))
+
+    played = asyncio.run(both())
+    for i, (group, trajectories) in enumerate(zip(groups, played, strict=True)):
+        assert_same(local.run(group, params, seed=SEED + 10 * i), trajectories)
+    after = ray.get([w.groups_played.remote() for w in pool.workers])
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1]  # each group whole on one worker
 
 
 def test_killed_idle_worker_restarts_with_the_latest_weights(setup, ray):

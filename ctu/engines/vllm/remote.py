@@ -4,7 +4,9 @@ Prompts are sent as token ids; completions come back as token ids with per-token
 (vLLM's ``return_tokens_as_token_ids`` gives tokens as ``"token_id:123"``). Retries with
 exponential backoff on 429/5xx/timeouts/connection errors and on 200 replies that cannot be read (not JSON, the
 wrong shape), honouring ``Retry-After``; the error after the last attempt names the URL, status (or the malformed
-body's start) and attempts, never the API key. A request unanswered for ``notice_s`` prints ``waiting for URL``.
+body's start) and attempts, never the API key. The key is sent (``Authorization: Bearer``) only when
+``api_key_env`` names a variable that holds one: no key of this process reaches a server by default. A request
+unanswered for ``notice_s`` prints ``waiting for URL``.
 
 Logprobs: a vLLM server returns, for ``logprobs=1``, the sampled token's value under the server's
 ``--logprobs-mode`` (a server-wide setting, not a request field; vllm/v1/sample/sampler.py): the default
@@ -87,7 +89,7 @@ class RemoteEngine(Engine):
 
     accepts_weights = False
 
-    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", max_retries: int = 4,
+    def __init__(self, base_url: str, model: str, api_key_env: str = "", max_retries: int = 4,
                  timeout: float = 300.0, concurrency: int = 64, backoff_initial: float = 0.5, backoff_max: float = 8.0,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep, transport: httpx.AsyncBaseTransport | None = None,
                  notice_s: float = NOTICE_S):
@@ -98,8 +100,8 @@ class RemoteEngine(Engine):
         self._sleep = sleep
         self.concurrency = concurrency
         self._gates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        key = os.environ.get(api_key_env) or "EMPTY"
-        self._headers = {"Authorization": f"Bearer {key}"}
+        key = os.environ.get(api_key_env) if api_key_env else None  # named by the config, or none is sent
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._timeout = timeout
         self._transport = transport
         self._rng = random.Random(0)

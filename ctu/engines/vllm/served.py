@@ -200,9 +200,10 @@ class ServedEngine(RemoteEngine):
         return completions
 
     def check_model(self, sent: str, answered: Any) -> None:
-        """vLLM's reply names the model it resolved for the request (``OpenAIServingModels.model_name``: the
-        adapter's name, else the base's): a request for adapter ``ctu-v<v>`` answered under another name was
-        served by weights other than the ones ctu loaded, so the run stops."""
+        """A request for adapter ``ctu-v<v>`` answered under another name stops the run: something between ctu
+        and the server (a proxy, another deployment) maps the name elsewhere. vLLM itself answers with the
+        request's own adapter name (``OpenAIServingModels.model_name(lora_request)``), so this cannot see an
+        adapter that holds old values under a new name (docs/engines.md: no outside check of adapter weights)."""
         if version_of(sent) is not None and answered != sent:
             raise ServedEngineError(f"{redact(self.root)}: asked for '{sent}', the reply is from '{answered}': the "
                                     "server serves something other than the adapter ctu loaded")

@@ -27,10 +27,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ctu.config.redact import redact
 from ctu.engines.base import Completion, SamplingParams
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 ServedEngine = Any  # ctu.engines.vllm.served.ServedEngine, which imports this module
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RESEND_SEED_STEP = 1_000_003  # a row sent again samples from a seed of its own (not the stream it began with)
 
@@ -110,8 +111,8 @@ async def complete_with_pauses(engine: ServedEngine, client: httpx.AsyncClient, 
                     seed=None if params.seed is None else params.seed + j + RESEND_SEED_STEP * rounds), model))
                     for j in pending]
             try:
-                replies = await asyncio.gather(*(post_reading_aborts(engine, client, body, len(rows), version)
-                                                 for rows, body in sends))
+                replies = await gather_or_cancel([post_reading_aborts(engine, client, body, len(rows), version, epoch)
+                                                  for rows, body in sends])
             except RemoteEngineError:
                 if engine.pause_gate.epoch != epoch:  # refused (503) by a pause that began meanwhile: again
                     continue
@@ -153,9 +154,28 @@ def unstopped(engine: ServedEngine) -> None:
                     "(unstopped_rows)", redact(engine.root), engine.inflight)
 
 
+async def gather_or_cancel(calls: Sequence[Awaitable[T]]) -> list[T]:
+    """Every call's result in order; the first to raise cancels the others (a failed row must not leave its
+    siblings decoding on the server) and its error is raised once they are gone."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        return [task.result() for task in tasks]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def post_reading_aborts(engine: ServedEngine, client: httpx.AsyncClient, body: dict[str, Any], n: int,
-                              version: int | None) -> tuple[list[Completion], list[bool]]:
-    """A completions request's ``n`` completions and, for each, whether a pause stopped it (``"abort"``)."""
+                              version: int | None, epoch: int) -> tuple[list[Completion], list[bool]]:
+    """A completions request's ``n`` completions and, for each, whether a pause stopped it (``"abort"``). Sent
+    while the pause gate's ``epoch`` was current: once a pause began, a refusal (the server's 503 while paused) is
+    not retried with this body, whose target may be unloaded or overwritten by the load: the caller sends it again
+    after the resume, reading the target anew."""
     def read(response: httpx.Response) -> tuple[list[Completion], list[bool]]:
         data = response.json()
         completions = engine.read_reply(data, body, n, version)
@@ -163,7 +183,10 @@ async def post_reading_aborts(engine: ServedEngine, client: httpx.AsyncClient, b
         aborted = [c.get("finish_reason") == "abort" for c in choices][:n]
         return completions, aborted + [False] * (n - len(aborted))
 
-    response, out = await engine.request_read(client, "POST", engine.url, body, read=read)
+    def retry(status: int) -> bool:
+        return (status == 429 or status >= 500) and engine.pause_gate.epoch == epoch
+
+    response, out = await engine.request_read(client, "POST", engine.url, body, retry=retry, read=read)
     if response.status_code != 200:
         raise engine.post_refused(response)
     return out

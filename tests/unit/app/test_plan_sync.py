@@ -96,3 +96,17 @@ def test_the_render_shows_the_sync_phase(capsys):
 def test_no_sync_transient_when_the_hf_engine_shares_the_policy(device):
     result = plan(load_config(None, ["engine.kind=hf"]), 1, 16.0, device=device)
     assert not any(k.startswith("weight sync") for k in result.parts)
+
+
+def test_a_launched_server_keeps_lora_slots_for_every_adapter_version_it_holds():
+    """served_setup launches vLLM with --max-loras engine.max_loras, or k + 1 (every version a step may train on
+    with trainer.max_staleness=k): each slot is one adapter at lora.rank out of its fraction. The plan counted one."""
+    served = ["engine.kind=served", "engine.launch=true", "engine.colocated=false"]
+    one = plan(load_config(QWEN3_8B, served), 1, 79.2)
+    async2 = plan(load_config(QWEN3_8B, [*served, "trainer.max_staleness=2", "trainer.tis_cap=2.0"]), 1, 79.2)
+    four = plan(load_config(QWEN3_8B, [*served, "engine.max_loras=4"]), 1, 79.2)
+    slot = part(one, "vLLM LoRA slots")
+    assert part(async2, "vLLM LoRA slots") == 3 * slot and part(four, "vLLM LoRA slots") == 4 * slot
+    assert async2.parts["vLLM KV cache"] == one.parts["vLLM KV cache"] - 2 * slot
+    in_process = plan(load_config(QWEN3_8B, ["trainer.max_staleness=2", "trainer.tis_cap=2.0"]), 1, 79.2)
+    assert part(in_process, "vLLM LoRA slots") == slot  # the in-process engine's LLM keeps vLLM's max_loras=1

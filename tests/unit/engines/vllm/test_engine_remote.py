@@ -118,3 +118,15 @@ def test_a_request_held_at_the_gate_names_the_adapter_served_when_it_is_sent(mon
     out = asyncio.run(eng.generate([[1, 2], [3, 4]], SamplingParams(max_tokens=1, seed=0)))
     assert sent == ["ctu-v0", "ctu-v1"]
     assert [c[0].version for c in out] == [0, 1]  # each stamped with the version its request named
+
+
+@respx.mock
+@pytest.mark.parametrize("named", [None, ""])
+def test_no_key_is_sent_unless_the_config_names_its_variable(monkeypatch, named):
+    # the engine sent $OPENAI_API_KEY (the user's OpenAI key) as a bearer token to any server it was pointed at
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-canary-7f3a")
+    route = respx.post(URL).mock(return_value=ok(choice(0, [4], [-0.1])))
+    eng = RemoteEngine(BASE, "policy") if named is None else RemoteEngine(BASE, "policy", api_key_env=named)
+    asyncio.run(eng.generate([[1]], SamplingParams(max_tokens=1)))
+    (call,) = route.calls
+    assert "authorization" not in call.request.headers and b"sk-canary" not in call.request.content

@@ -1,0 +1,51 @@
+"""Busy time of work that may overlap (groups a rollout worker or an agent program plays at once): the union of the
+intervals in which at least one piece ran. Summing their wall times counts shared time once per piece, so an
+engine playing two groups together for a second looked busy for two."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+
+class BusyClock:
+    """``begin()`` / ``end(token)`` around each piece of work, from any thread; ``seconds()``: the time so far in
+    which at least one piece ran (the one running now included)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._running = 0
+        self._since = 0.0  # when the running count last rose from 0
+        self._total = 0.0  # closed busy stretches
+
+    def begin(self) -> float:
+        with self._lock:
+            now = self._clock()
+            if self._running == 0:
+                self._since = now
+            self._running += 1
+            return now
+
+    def end(self, started: float) -> float:
+        """Close a piece begun at ``started`` (what :meth:`begin` returned); its own wall time."""
+        with self._lock:
+            now = self._clock()
+            self._running -= 1
+            if self._running == 0:
+                self._total += now - self._since
+            return now - started
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        started = self.begin()
+        try:
+            yield
+        finally:
+            self.end(started)
+
+    def seconds(self) -> float:
+        with self._lock:
+            return self._total + (self._clock() - self._since if self._running else 0.0)

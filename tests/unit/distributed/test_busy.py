@@ -1,0 +1,46 @@
+"""Engine busy time where groups overlap (rollout workers, agent programs play several groups at once): the union
+of the intervals in which at least one group ran, not the sum of their wall times."""
+
+import asyncio
+
+from ctu.distributed.async_rollout import RolloutProducer
+from ctu.distributed.busy import BusyClock
+from ctu.domains import get_domain
+from ctu.engines.base import SamplingParams
+
+MINI = get_domain("mini")
+
+
+def test_overlapping_intervals_count_once():
+    now = [0.0]
+    clock = BusyClock(lambda: now[0])
+    a = clock.begin()  # a: 0-2, b: 1-3, c: 5-6 -> busy 3 + 1
+    now[0] = 1.0
+    b = clock.begin()
+    now[0] = 2.0
+    clock.end(a)
+    assert clock.seconds() == 2.0  # b still running
+    now[0] = 3.0
+    clock.end(b)
+    now[0] = 5.0
+    with clock.busy():
+        now[0] = 6.0
+    now[0] = 9.0
+    assert clock.seconds() == 4.0
+
+
+def test_groups_played_at_once_count_their_shared_time_once():
+    # engine_seconds summed each group's wall time: two groups played together for 0.3 s gave 0.6 s of a 0.3 s step,
+    # so async/engine_idle_s clamped to 0 whatever the engines did
+    async def player(specs, params, seed):
+        await asyncio.sleep(0.3)
+        return []
+
+    producer = RolloutProducer(None, None, None, None, SamplingParams(), draw=lambda: (MINI, MINI.tasks[0]),
+                               samples_per_task=1, capacity=2, seed=lambda i: i, player=player)
+    try:
+        producer.take()
+        producer.take()
+        assert 0.3 <= producer.engine_seconds() < 0.45
+    finally:
+        producer.stop()
