@@ -24,7 +24,7 @@ from ctu.engines.base import Engine, SamplingParams
 from ctu.episode.env import AgentTurn, Episode, ToolCall
 from ctu.episode.llm_api import LLMCallError
 from ctu.episode.parsing import parse_model_output
-from ctu.episode.reward import NLJudge, compute_reward, nl_verdicts
+from ctu.episode.reward import NLJudge, Reward, compute_reward, nl_verdicts
 from ctu.episode.users.base import UserSimulator
 from ctu.rollout import openai_wire as wire
 from ctu.rollout.chat import ChatFormat
@@ -251,7 +251,11 @@ class ExternalEpisodes:
                 verdicts = await nl_verdicts(judge, spec.task, env.messages)
             except LLMCallError as exc:  # the judge failed: errored, not scored 0
                 stop_reason, error = "error", f"judge: {exc}"
-        reward = compute_reward(spec.domain, spec.task, env.messages, env.db, termination, verdicts)
+        try:
+            reward = compute_reward(spec.domain, spec.task, env.messages, env.db, termination, verdicts)
+        except Exception as exc:  # noqa: BLE001 - a transcript the evaluator cannot read errors this episode only
+            stop_reason, error = "error", f"reward: {type(exc).__name__}: {exc}"[:500]
+            reward = Reward(0.0, {})
         value, reasons = reward.reward, list(reward.reasons)
         if state.agent_reward is not None:
             value = state.agent_reward

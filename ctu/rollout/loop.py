@@ -293,7 +293,7 @@ async def run_episode(
         reward = compute_reward(domain, task, episode.messages, episode.db, termination, verdicts)
     except Exception as exc:  # noqa: BLE001 - a transcript the evaluator cannot read errors this episode only
         stop_reason, episode.error = "error", f"reward: {type(exc).__name__}: {exc}"[:500]
-        reward = Reward(0.0, {}, [], [])
+        reward = Reward(0.0, {})
     return Trajectory(
         domain=domain.name, task_id=task.id, sample=spec.sample,
         prompt_ids=list(seq.prompt_ids), response_ids=list(seq.response_ids), loss_mask=list(seq.loss_mask),

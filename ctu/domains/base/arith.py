@@ -82,12 +82,12 @@ class _Int(int):
 
     __rmul__ = __mul__
 
-    def __pow__(self, other: Any, modulo: None = None) -> Any:
+    def __pow__(self, other: Any, modulo: None = None) -> Any:  # type: ignore[override]  # no modulo in eval
         if isinstance(other, int):
             _charge_power(self.budget, int(self), int(other))
         return self._wrap(int.__pow__(self, other))
 
-    def __rpow__(self, other: Any, modulo: None = None) -> Any:
+    def __rpow__(self, other: Any, modulo: None = None) -> Any:  # type: ignore[override]
         if isinstance(other, int):
             _charge_power(self.budget, int(other), int(self))
         return self._wrap(int.__rpow__(self, other))

@@ -112,3 +112,15 @@ def test_a_request_for_another_host_or_not_json_is_refused(two):
     assert httpx.post(url, json={}, headers={**bearer(tokens["ep1"]), "Host": f"localhost:{port}"}).status_code == 200
     form = httpx.post(url, content=b'{"a": 1}', headers={**bearer(tokens["ep1"]), "content-type": "text/plain"})
     assert form.status_code == 415 and "application/json" in form.json()["error"]["message"]
+
+
+def test_an_episode_its_evaluator_cannot_score_is_errored_alone(two, monkeypatch):
+    proxy, tokens = two
+
+    def unreadable(*args, **kwargs):  # a fault of the evaluator on this transcript
+        raise KeyError("payment_history")
+
+    monkeypatch.setattr("ctu.rollout.external.compute_reward", unreadable)
+    trajectory = proxy.call(proxy.episodes.finish("ep1"))
+    assert trajectory.stop_reason == "error" and trajectory.error == "reward: KeyError: 'payment_history'"
+    assert trajectory.reward == 0.0 and "ep2" in proxy.episodes.episodes
