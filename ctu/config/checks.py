@@ -346,6 +346,10 @@ def training_problems(config: Config) -> list[str]:
 def served_problems(config: Config) -> list[str]:
     """``engine.kind=served``: attach (``engine.base_url``) or launch, and room for every version in use."""
     e, out = config.engine, list[str]()
+    host = launch_host(e.launch_args)
+    if host is not None and not (host == "localhost" or host == "::1" or host.startswith("127.")):
+        out.append(f"engine.launch_args: --host {host[:60]!r} would open the launched vLLM server beyond this machine, "
+                   "in dev mode (/pause, /sleep, /collective_rpc: no key guards them); ctu's listens on 127.0.0.1")
     if e.kind != "served":
         return out
     if e.launch == bool(e.base_url):
@@ -358,6 +362,18 @@ def served_problems(config: Config) -> list[str]:
         out.append(f"engine.max_loras: must be >= trainer.max_staleness + 1 = {need} (every version a step may "
                    f"train on is served at once), got {e.max_loras}")
     return out
+
+
+def launch_host(args: list[str]) -> str | None:
+    """The host a ``--host`` in ``engine.launch_args`` gives the server (the last wins, as in argparse), else None;
+    ``--host`` without a value is the empty host (every interface)."""
+    host = None
+    for i, arg in enumerate(args):
+        if arg == "--host":
+            host = args[i + 1] if i + 1 < len(args) else ""
+        elif arg.startswith("--host="):
+            host = arg.split("=", 1)[1]
+    return host
 
 
 URL_KEYS = ("engine.base_url", "user.base_url", "judge.base_url", "shaping.base_url")

@@ -21,7 +21,9 @@ class ModelConfig:
 class EngineConfig:
     kind: Literal["hf", "remote", "vllm", "served"] = "hf"
     base_url: str | None = None  # remote, served: the OpenAI-compatible server (served: attach to it)
-    api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable holding the key
+    # remote, served: the environment variable holding the server's key; empty: none is sent (the user's
+    # OPENAI_API_KEY, for the user simulator or judge, never goes to an engine server it was not named for)
+    api_key_env: str = ""
     timeout: float = 300.0  # remote, served: seconds per request to the server
     max_retries: int = 4  # remote, served: retries after the first attempt (429, 5xx, timeouts, malformed replies)
     max_batch_size: int = 64

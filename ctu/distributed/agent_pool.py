@@ -32,13 +32,12 @@ from ctu.rollout.agent_proxy import AgentProxy
 from ctu.rollout.external import ExternalEpisodes
 from ctu.rollout.loop import EpisodeSpec, RolloutLimits, Trajectory
 
-API_KEY = "ctu-local"  # the proxy checks no key; the OpenAI SDK wants one
 # what an agent process gets of ctu's environment (docs/agents.md): nothing else, so no API key ctu holds
 # (``*.api_key_env``) reaches the agent, its logs or its episodes; ``agent.pass_env`` names more
 BASE_VARIABLES = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
                   "PYTHONPATH", "VIRTUAL_ENV")
-AGENT_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "CTU_EPISODE_ID", "CTU_ENV_URL", "CTU_MODEL", "CTU_DOMAIN",
-                   "CTU_TASK_ID")
+AGENT_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "CTU_EPISODE_ID", "CTU_EPISODE_TOKEN", "CTU_ENV_URL",
+                   "CTU_MODEL", "CTU_DOMAIN", "CTU_TASK_ID")
 
 
 @dataclass
@@ -97,9 +96,11 @@ def redact_file(path: Path) -> None:
         path.write_text(redact(text))
 
 
-def agent_environment(proxy: AgentProxy, episode_id: str, spec: EpisodeSpec) -> dict[str, str]:
-    """What the agent process is told of its episode (:data:`AGENT_VARIABLES`, on top of :func:`base_environment`)."""
-    return {"OPENAI_BASE_URL": proxy.base_url, "OPENAI_API_KEY": API_KEY, "CTU_EPISODE_ID": episode_id,
+def agent_environment(proxy: AgentProxy, episode_id: str, spec: EpisodeSpec, token: str) -> dict[str, str]:
+    """What the agent process is told of its episode (:data:`AGENT_VARIABLES`, on top of :func:`base_environment`):
+    its token twice, as the OpenAI SDK's key and by name, for the proxy's every route."""
+    return {"OPENAI_BASE_URL": proxy.base_url, "OPENAI_API_KEY": token, "CTU_EPISODE_TOKEN": token,
+            "CTU_EPISODE_ID": episode_id,
             "CTU_ENV_URL": proxy.env_url(episode_id), "CTU_MODEL": proxy.episodes.model_name,
             "CTU_DOMAIN": spec.domain.name, "CTU_TASK_ID": spec.task.id}
 
@@ -172,14 +173,14 @@ class AgentPool(LocalPool):
         return [t for t in out if t is not None]
 
     def _launch(self, episode_id: str, spec: EpisodeSpec, seed: int, params: SamplingParams) -> AgentRun:
-        self.proxy.call(self.episodes.open(episode_id, spec, seed, params))
+        token = self.proxy.call(self.episodes.open(episode_id, spec, seed, params)).token
         log_path = self.dir / "logs" / f"{episode_id}.log"
         with log_path.open("wb") as log:
             try:
                 process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log,
                                            stderr=subprocess.STDOUT, start_new_session=True,
                                            env={**base_environment(self.pass_env),
-                                                **agent_environment(self.proxy, episode_id, spec)})
+                                                **agent_environment(self.proxy, episode_id, spec, token)})
             except OSError as exc:
                 self.proxy.call(self.episodes.finish(episode_id, "not started"))
                 raise OSError(f"agent.command: cannot start {self.command[0]!r}: {exc}") from None

@@ -74,11 +74,14 @@ def probe_address(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> 
 
 
 def start_ray(ray, address: str | None) -> bool:
-    """``ray.init`` unless Ray is initialised (False); a local cluster stays on loopback, an address is probed
-    first and a failure to join it names it."""
+    """``ray.init`` unless Ray is initialised (False); a local cluster names 127.0.0.1 as its node's address and has
+    token authentication on (``RAY_AUTH_MODE=token`` unless set), an address is probed first and a failure to join
+    it names it."""
     if ray.is_initialized():
         return False
     probe_address(address)
+    if not address:  # Ray 2.60's gcs_server, raylet and workers listen on every interface: its token guards them
+        os.environ.setdefault("RAY_AUTH_MODE", "token")  # (Ray >= 2.52; ray.init makes the token)
     try:
         ray.init(address=address, include_dashboard=False,
                  **({} if address else {"_node_ip_address": "127.0.0.1"}))
@@ -88,6 +91,42 @@ def start_ray(ray, address: str | None) -> bool:
         raise RaySetupError(f"distributed.address={address}: could not join the Ray cluster: {first_line(exc)}") \
             from exc
     return True
+
+
+def rendezvous_endpoint(address: str | None) -> str:
+    """``tcp://host:port`` where the trainer ranks meet: a free port of 127.0.0.1 on a local cluster; of this node's
+    address where ``address`` (``distributed.address``) joins a cluster, whose other machines must reach it."""
+    host = "127.0.0.1"
+    if address:
+        import ray
+
+        host = ray.util.get_node_ip_address() or host
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
+
+
+def rendezvous_store(init_method: str, rank: int, world: int) -> Any:
+    """The rendezvous store at ``tcp://host:port``. Rank 0 serves it on a socket bound to ``host`` alone (torch's
+    own ``tcp://`` rendezvous listens on every interface); the other ranks connect to it."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    host, _, port = init_method.removeprefix("tcp://").rpartition(":")
+    host = host.strip("[]")
+    timeout = timedelta(minutes=30)  # torch's default process-group timeout
+    if rank != 0:
+        return dist.TCPStore(host, int(port), world, is_master=False, timeout=timeout)
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, int(port)))
+        listener.listen(max(128, world))
+    except OSError:
+        listener.close()
+        raise
+    return dist.TCPStore(host, int(port), world, is_master=True, timeout=timeout, master_listen_fd=listener.detach())
 
 
 def first_line(exc: BaseException) -> str:

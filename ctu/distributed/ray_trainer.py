@@ -2,7 +2,8 @@
 
 ``distributed.trainer_workers=N`` starts N :class:`TrainerRank` actors in one Ray placement group. They form a
 torch.distributed group (gloo on CPU, NCCL on CUDA, plus gloo for offloaded CPU tensors under
-``distributed.cpu_offload``; rank 0's node address and a free port of it rendezvous), each builds the policy
+``distributed.cpu_offload``; they rendezvous at a free port of rank 0, listening on 127.0.0.1 alone, or on the
+node's address alone where ``distributed.address`` joins a cluster), each builds the policy
 from the config with the same seed and shards it with FSDP2 (:func:`shard_policy`: per decoder layer and root,
 ``MixedPrecisionPolicy`` with fp32 masters and fp32 gradient reduction). Every call goes to every rank at once
 (the collectives need all of them); the driver cuts the episodes into contiguous slices, one per rank, and takes
@@ -34,6 +35,8 @@ from ctu.distributed.ray_setup import (
     import_ray,
     local_room,
     placement_bundles,
+    rendezvous_endpoint,
+    rendezvous_store,
     start_ray,
     wait_started,
 )
@@ -59,15 +62,9 @@ class TrainerRank:
         self.updates = 0
 
     def endpoint(self) -> str:
-        """``tcp://host:port`` for the rendezvous (called on rank 0)."""
-        import socket
-
-        import ray
-
-        host = ray.util.get_node_ip_address() or "127.0.0.1"
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return f"tcp://{host}:{s.getsockname()[1]}"
+        """``tcp://host:port`` for the rendezvous (called on rank 0): loopback on a local cluster, the node's
+        address where ``distributed.address`` joins one of several machines."""
+        return rendezvous_endpoint(self.config.distributed.address)
 
     def setup(self, init_method: str) -> int:
         import random
@@ -80,7 +77,8 @@ class TrainerRank:
 
         cuda = torch.cuda.is_available()
         dist.init_process_group(backend=process_group_backend(cuda, self.config.distributed.cpu_offload),
-                                init_method=init_method, rank=self.rank, world_size=self.world)
+                                store=rendezvous_store(init_method, self.rank, self.world), rank=self.rank,
+                                world_size=self.world)
         device = "cuda" if cuda else "cpu"
         torch.manual_seed(self.config.run.seed)  # every rank builds the same initial weights as the driver would
         random.seed(self.config.run.seed)

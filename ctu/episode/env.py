@@ -203,5 +203,6 @@ def agent_view(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _arguments_text(arguments: Any) -> str:
-    """OpenAI messages carry arguments as a JSON string; a raw string stays as the model wrote it."""
-    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    """OpenAI messages carry arguments as a JSON string; a raw string stays as the model wrote it. What JSON has no
+    value for (a set from a hand-made turn) is written as Python shows it, never an error of the episode."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False, default=repr)

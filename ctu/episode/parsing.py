@@ -279,10 +279,22 @@ def _python_call(code: str) -> ParsedToolCall | None:
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
         return None
     try:
-        args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
-    except (ValueError, SyntaxError, RecursionError):
+        args = {kw.arg: _json_value(ast.literal_eval(kw.value)) for kw in node.keywords if kw.arg is not None}
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
         return None
     return ParsedToolCall(node.func.id, args)
+
+
+def _json_value(value: Any) -> Any:
+    """A Python literal as the JSON value a tool call carries (a tuple as a list); ``TypeError`` for what JSON has
+    no value for (a set, bytes, a complex number, ``...``, a key that is not a string)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _json_value(v) for k, v in value.items()}
+    raise TypeError(f"not a JSON value: {type(value).__name__}")
 
 
 # -------------------------------------------------------------------------------------------

@@ -12,7 +12,10 @@ Everything here runs on one asyncio loop (the proxy's); ``ctu.rollout.agent_prox
 
 from __future__ import annotations
 
+import hmac
 import json
+import math
+import secrets
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,13 +24,15 @@ from ctu.engines.base import Engine, SamplingParams
 from ctu.episode.env import AgentTurn, Episode, ToolCall
 from ctu.episode.llm_api import LLMCallError
 from ctu.episode.parsing import parse_model_output
-from ctu.episode.reward import NLJudge, compute_reward, nl_verdicts
+from ctu.episode.reward import NLJudge, Reward, compute_reward, nl_verdicts
 from ctu.episode.users.base import UserSimulator
 from ctu.rollout import openai_wire as wire
 from ctu.rollout.chat import ChatFormat
 from ctu.rollout.loop import EpisodeSpec, GenerationBatcher, RolloutLimits, Trajectory
 from ctu.rollout.openai_wire import WireError
 from ctu.rollout.stitch import TokenSample, TurnRecord, stitch
+
+REWARD_RANGE = (0.0, 1.0)  # every domain's reward (tau2's: a product of checks in [0, 1]); a posted one too
 
 
 @dataclass
@@ -52,6 +57,7 @@ class ExternalEpisode:
     model_s: float = 0.0
     started: float = field(default_factory=time.perf_counter)
     params: SamplingParams = field(default_factory=SamplingParams)  # the sampling of the call that opened it
+    token: str = ""  # the episode's secret (CTU_EPISODE_TOKEN): every request about it carries it
 
 
 def turn_seed(episode_seed: int, turn: int, params: SamplingParams) -> int | None:
@@ -92,6 +98,7 @@ class ExternalEpisodes:
         self.model_name = model_name
         self.max_batch_size = max_batch_size
         self.episodes: dict[str, ExternalEpisode] = {}
+        self.tokens: dict[str, str] = {}  # token -> the id of the open episode it belongs to
         self.params = SamplingParams()
         self.batcher: GenerationBatcher | None = None
         self.version = 0  # the policy version served when the engine stamps none (initial weights: 0)
@@ -119,9 +126,23 @@ class ExternalEpisodes:
                       max_errors=self.limits.max_errors)
         opening = await env.reset()
         state = ExternalEpisode(episode_id, spec, seed, env, domain.openai_tools(), opening,
-                                params=self.params if params is None else params)
+                                params=self.params if params is None else params, token=secrets.token_urlsafe(32))
         self.episodes[episode_id] = state
+        self.tokens[state.token] = episode_id
         return state
+
+    def authorize(self, token: str | None, episode_id: str | None = None) -> ExternalEpisode:
+        """The open episode ``token`` belongs to (401 for no token or one of no open episode); where the request
+        names an episode too, it must be that one (403: one episode's token never opens another)."""
+        if not token:
+            raise WireError(401, "no episode token: send the header 'Authorization: Bearer <CTU_EPISODE_TOKEN>' (the "
+                                 "OpenAI SDK sends OPENAI_API_KEY, which holds it)", None, "missing_token")
+        owner = self.tokens.get(token)
+        if owner is None or not hmac.compare_digest(self.episodes[owner].token, token):
+            raise WireError(401, "the episode token is not an open episode's", None, "invalid_token")
+        if episode_id is not None and episode_id != owner:
+            raise WireError(403, f"the episode token is not episode {episode_id[:80]!r}'s", None, "wrong_episode")
+        return self.episodes[owner]
 
     def get(self, episode_id: str | None) -> ExternalEpisode:
         if not episode_id:
@@ -151,9 +172,13 @@ class ExternalEpisodes:
     def post_reward(self, episode_id: str, body: Any) -> dict[str, Any]:
         state = self.get(episode_id)
         reward = body.get("reward") if isinstance(body, dict) else None
-        if isinstance(reward, bool) or not isinstance(reward, int | float) or reward != reward:
-            raise WireError(400, f"reward: must be a number, got {reward!r}", "reward")
-        state.agent_reward = float(reward)
+        low, high = REWARD_RANGE
+        if isinstance(reward, bool) or not isinstance(reward, int | float):
+            raise WireError(400, f"reward: must be a number, got {str(reward)[:80]!r}", "reward")
+        value = float(reward) if not isinstance(reward, int) or reward.bit_length() < 1000 else math.inf
+        if not (math.isfinite(value) and low <= value <= high):
+            raise WireError(400, f"reward: must be from {low:g} to {high:g}, got {str(value)[:80]}", "reward")
+        state.agent_reward = value
         return {"episode_id": episode_id, "reward": state.agent_reward}
 
     # -- chat completions ----------------------------------------------------------------
@@ -211,6 +236,7 @@ class ExternalEpisodes:
                      agent_s: float = 0.0) -> Trajectory:
         """The episode's trajectory, scored; it is closed (its id answers 404 from now on)."""
         state = self.episodes.pop(episode_id)
+        self.tokens.pop(state.token, None)
         env, spec = state.env, state.spec
         samples = stitch(state.records)
         for sample in samples:
@@ -225,7 +251,11 @@ class ExternalEpisodes:
                 verdicts = await nl_verdicts(judge, spec.task, env.messages)
             except LLMCallError as exc:  # the judge failed: errored, not scored 0
                 stop_reason, error = "error", f"judge: {exc}"
-        reward = compute_reward(spec.domain, spec.task, env.messages, env.db, termination, verdicts)
+        try:
+            reward = compute_reward(spec.domain, spec.task, env.messages, env.db, termination, verdicts)
+        except Exception as exc:  # noqa: BLE001 - a transcript the evaluator cannot read errors this episode only
+            stop_reason, error = "error", f"reward: {type(exc).__name__}: {exc}"[:500]
+            reward = Reward(0.0, {})
         value, reasons = reward.reward, list(reward.reasons)
         if state.agent_reward is not None:
             value = state.agent_reward

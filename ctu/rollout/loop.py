@@ -22,7 +22,7 @@ from ctu.engines.vllm.remote import RemoteEngineError
 from ctu.episode.env import AgentTurn, Episode, ToolCall, system_prompt
 from ctu.episode.llm_api import LLMCallError
 from ctu.episode.parsing import parse_model_output
-from ctu.episode.reward import NLJudge, compute_reward, nl_verdicts
+from ctu.episode.reward import NLJudge, Reward, compute_reward, nl_verdicts
 from ctu.episode.users.base import UserSimulator
 from ctu.rollout.chat import ChatFormat, TokenSequence
 
@@ -255,19 +255,23 @@ async def run_episode(
             model_s += time.perf_counter() - started
         seq.add_generated(list(completion.token_ids), list(completion.logprobs))
         versions += completion.versions()
-        text = chat.decode_generated(completion.token_ids)
-        turn, failed = _turn_from_text(text)
-        parse_failures += failed
-        tool_calls += len(turn.tool_calls)
-        if completion.finish_reason == "length":
-            # cut mid-turn: no end-of-turn token, so the template cannot continue from here
-            episode.messages.append({"role": "assistant", "content": turn.content})
-            stop_reason = "context" if turn_params.max_tokens < params.max_tokens else "length"
+        try:  # the model's output, its tools and their answers: a fault here errors this episode, not the others
+            text = chat.decode_generated(completion.token_ids)
+            turn, failed = _turn_from_text(text)
+            parse_failures += failed
+            tool_calls += len(turn.tool_calls)
+            if completion.finish_reason == "length":
+                # cut mid-turn: no end-of-turn token, so the template cannot continue from here
+                episode.messages.append({"role": "assistant", "content": turn.content})
+                stop_reason = "context" if turn_params.max_tokens < params.max_tokens else "length"
+                break
+            result = await episode.step(turn)
+            if episode.done:
+                break
+            observation = chat.observation_ids(result.observations)
+        except Exception as exc:  # noqa: BLE001 - named on the trajectory, which is left out of training and scores
+            stop_reason, episode.error = "error", f"episode: {type(exc).__name__}: {exc}"[:500]
             break
-        result = await episode.step(turn)
-        if episode.done:
-            break
-        observation = chat.observation_ids(result.observations)
         if seq.total_length() + len(observation) >= limits.max_context_tokens:
             stop_reason = "context"  # the next observation would not fit: the sequence stays within budget
             break
@@ -285,7 +289,11 @@ async def run_episode(
             verdicts = await nl_verdicts(judge, task, episode.messages)
         except LLMCallError as exc:  # the judge failed: the episode is errored, not scored 0
             stop_reason, episode.error = "error", f"judge: {exc}"
-    reward = compute_reward(domain, task, episode.messages, episode.db, termination, verdicts)
+    try:
+        reward = compute_reward(domain, task, episode.messages, episode.db, termination, verdicts)
+    except Exception as exc:  # noqa: BLE001 - a transcript the evaluator cannot read errors this episode only
+        stop_reason, episode.error = "error", f"reward: {type(exc).__name__}: {exc}"[:500]
+        reward = Reward(0.0, {})
     return Trajectory(
         domain=domain.name, task_id=task.id, sample=spec.sample,
         prompt_ids=list(seq.prompt_ids), response_ids=list(seq.response_ids), loss_mask=list(seq.loss_mask),

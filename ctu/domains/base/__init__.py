@@ -3,7 +3,8 @@
 - :mod:`~ctu.domains.base.db`: the copy-on-write :class:`DBView` episodes write through;
 - :mod:`~ctu.domains.base.schema`: annotation -> JSON schema, and argument validation;
 - :mod:`~ctu.domains.base.tools`: :func:`tool`, :class:`Tool`, :func:`run_tool`;
-- :mod:`~ctu.domains.base.tasks`: :class:`Task`, :class:`Action`, :class:`EnvAssertion`, :class:`Domain`.
+- :mod:`~ctu.domains.base.tasks`: :class:`Task`, :class:`Action`, :class:`EnvAssertion`, :class:`Domain`;
+- :mod:`~ctu.domains.base.arith`: the ``calculate`` tools' arithmetic (eval's answers, bounded).
 
 Everything is re-exported here, so ``from ctu.domains.base import Domain, tool`` keeps working.
 """

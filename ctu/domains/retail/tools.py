@@ -6,6 +6,7 @@ import json
 from typing import Annotated, Literal
 
 from ctu.domains.base import DBView, ToolError, tool
+from ctu.domains.base.arith import evaluate
 
 OrderId = Annotated[str, "The order id, such as '#W0000000'. Be careful there is a '#' symbol at the beginning of the order id."]
 UserId = Annotated[str, "The user id, such as 'sara_doe_496'."]
@@ -92,13 +93,10 @@ def _address(address1, address2, city, state, country, zip) -> dict:
 @tool()
 def calculate(db, expression: Annotated[str, "The mathematical expression to calculate, such as '2 + 2'. The expression can contain numbers, operators (+, -, *, /), parentheses, and spaces."]):
     """Calculate the result of a mathematical expression."""
-    if not all(char in "0123456789+-*/(). " for char in expression):
-        raise ToolError("Invalid characters in expression")
-    try:
-        value = eval(expression, {"__builtins__": None}, {})  # noqa: S307 - characters are restricted above
-    except Exception as exc:  # tau2 reports any evaluation failure as the tool's error
+    try:  # tau2 reports any failure (syntax, division by zero, a tuple, overflow) as "Error: <exc>"
+        return evaluate(expression)  # eval's answers, with products and powers bounded (ctu.domains.base.arith)
+    except Exception as exc:  # noqa: BLE001
         raise ToolError(str(exc)) from None
-    return str(round(float(value), 2))
 
 
 @tool(mutates=True)

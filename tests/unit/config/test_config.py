@@ -63,7 +63,7 @@ class _WithSecret:
 def test_saved_config_has_no_secrets_and_round_trips(tmp_path):
     scrubbed = str(to_dict(_WithSecret()))
     assert "should-vanish" not in scrubbed and "'keep': 1" in scrubbed
-    cfg = load_config(None, ["engine.base_url=http://x/v1", "engine.kind=remote"])
+    cfg = load_config(None, ["engine.base_url=http://x/v1", "engine.kind=remote", "engine.api_key_env=OPENAI_API_KEY"])
     save_config(cfg, tmp_path / "run" / "config.yaml")
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["engine"]["api_key_env"] == "OPENAI_API_KEY"  # the variable's name, never its value

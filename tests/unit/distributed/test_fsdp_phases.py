@@ -103,6 +103,7 @@ def test_offloaded_ranks_get_a_cpu_backend_beside_nccl(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(dist, "init_process_group", init)
+    monkeypatch.setattr("ctu.distributed.ray_trainer.rendezvous_store", lambda *args: None)  # no peer would come
     for offload in (True, False):
         config = load_config(None, ["model.path=tiny-random", f"distributed.cpu_offload={str(offload).lower()}"])
         with pytest.raises(Stop):

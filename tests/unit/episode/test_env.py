@@ -136,3 +136,11 @@ def test_scripted_user_on_tau2_style_scenarios():
     run(patient.reply("hi"))
     run(patient.reply("Which order?"))
     assert run(patient.reply("And your email?")).endswith("###STOP###")
+
+
+def test_arguments_json_has_no_value_for_are_a_tool_error_not_a_crash():
+    ep = episode()
+    run(ep.reset())
+    result = run(ep.step(AgentTurn(tool_calls=(ToolCall("get_box", {"box_id": {1, 2}}),))))
+    assert result.observations[0]["content"].startswith("Error: ") and not ep.done
+    assert ep.messages[-2]["tool_calls"][0]["function"]["arguments"] == '{"box_id": "{1, 2}"}'

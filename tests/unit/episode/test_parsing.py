@@ -184,3 +184,13 @@ def test_a_call_after_a_megabyte_of_garbage_is_still_found():
     result, seconds = _timed_parse(_megabyte("hello {x} ") + '\n{"name": "f", "arguments": {"x": "cut')
     assert [(c.name, c.arguments) for c in result.tool_calls] == [("f", {"x": "cut"})] and result.recovered
     assert seconds < 2.0
+
+
+def test_python_literals_json_has_no_value_for_are_not_calls():
+    for literal in ("{1, 2}", "b'x'", "1j", "...", "{1: 2}", "[frozenset()]", "{'a': {(1, 2): 3}}"):
+        text = f"```python\nget_order(order_id={literal})\n```"
+        result = parse_model_output(text)
+        assert result.tool_calls == (), literal
+        json.dumps([c.arguments for c in result.tool_calls])
+    (call,) = parse_model_output("```python\nget_order(ids=('a', 'b'), n={'k': (1,)})\n```").tool_calls
+    assert call.arguments == {"ids": ["a", "b"], "n": {"k": [1]}}

@@ -1,4 +1,4 @@
-"""The bring-your-own-agent proxy over real HTTP, driven by the real openai SDK: response shape, episode ids,
+"""The bring-your-own-agent proxy over real HTTP, driven by the real openai SDK: response shape, episode tokens,
 stitching (extension vs. rewritten history), the environment API and its errors."""
 
 from __future__ import annotations
@@ -51,19 +51,30 @@ def served(chat_format):
         proxy = AgentProxy(episodes).start()
         proxy.call(lambda: episodes.begin(SamplingParams(max_tokens=256, seed=0)))
         domain = get_domain("mini")
-        proxy.call(episodes.open("ep1", EpisodeSpec(domain, domain.task("mini-0000")), seed=0))
+        token = proxy.call(episodes.open("ep1", EpisodeSpec(domain, domain.task("mini-0000")), seed=0)).token
+        TOKENS[proxy] = token
         made.append(proxy)
-        client = openai.OpenAI(base_url=proxy.base_url, api_key="ctu", max_retries=0)
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=token, max_retries=0)  # as the agent gets it
         return proxy, engine, client
 
     made: list[AgentProxy] = []
     yield make
     for proxy in made:
         proxy.close()
+        TOKENS.pop(proxy, None)
+
+
+TOKENS: dict[AgentProxy, str] = {}  # each proxy's ep1's token (CTU_EPISODE_TOKEN)
+
+
+def env(proxy, action, **kwargs):
+    """A request to ep1's environment, with its token as the agent sends it."""
+    return httpx.post(f"{proxy.env_url('ep1')}/{action}", headers={"Authorization": f"Bearer {TOKENS[proxy]}"},
+                      **kwargs)
 
 
 def start(proxy):
-    return httpx.post(proxy.env_url("ep1") + "/start").json()
+    return env(proxy, "start").json()
 
 
 def test_the_openai_sdk_reads_tool_calls_text_and_usage_and_turns_stitch_into_one_sample(served, chat_format):
@@ -72,7 +83,7 @@ def test_the_openai_sdk_reads_tool_calls_text_and_usage_and_turns_stitch_into_on
     assert [m["role"] for m in opening["messages"]] == ["system", "assistant", "user"]
     messages = list(opening["messages"])
     first = client.chat.completions.create(model="ctu", messages=messages, tools=opening["tools"],
-                                           extra_headers={"X-Episode-Id": "ep1"})
+                                           extra_headers={"X-Episode-Id": "ep1"})  # the token's episode: served
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -83,7 +94,7 @@ def test_the_openai_sdk_reads_tool_calls_text_and_usage_and_turns_stitch_into_on
     assert sampled != chat_format.encode(CALL) + [chat_format.stop_token_ids[0]]
     assert first.usage.completion_tokens == len(sampled)
     messages.append(choice.message.model_dump(exclude_none=True))
-    step = httpx.post(proxy.env_url("ep1") + "/step", json={"message": messages[-1]}).json()
+    step = env(proxy, "step", json={"message": messages[-1]}).json()
     assert step["done"] is False and step["observations"][0]["role"] == "tool"
     assert json.loads(step["observations"][0]["content"])["order_id"] == "O1082"
     messages += step["observations"]
@@ -102,19 +113,21 @@ def test_the_openai_sdk_reads_tool_calls_text_and_usage_and_turns_stitch_into_on
     assert trajectory.tool_calls == 1 and trajectory.stop_reason == "done"
 
 
-def test_an_episode_id_is_required_and_must_be_open(served):
+def test_the_episode_is_the_tokens_and_a_request_naming_another_is_refused(served):
     proxy, _, client = served(["hi"])
     messages = start(proxy)["messages"]
-    with pytest.raises(openai.BadRequestError) as missing:
-        client.chat.completions.create(model="ctu", messages=messages)
+    stranger = openai.OpenAI(base_url=proxy.base_url, api_key="ctu-local", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as missing:
+        stranger.chat.completions.create(model="ctu", messages=messages, user="ep1")
     body = missing.value.body
-    assert missing.value.status_code == 400 and "X-Episode-Id" in body["message"] and "\n" not in body["message"]
-    assert body["code"] == "missing_episode_id"
-    with pytest.raises(openai.NotFoundError, match="'nope' is not open"):
+    assert missing.value.status_code == 401 and "\n" not in body["message"] and body["code"] == "invalid_token"
+    with pytest.raises(openai.PermissionDeniedError, match="not episode 'nope'"):
         client.chat.completions.create(model="ctu", messages=messages, user="nope")
-    bad = httpx.post(proxy.base_url + "/chat/completions", content=b"{not json", headers={"X-Episode-Id": "ep1"})
+    auth = {"Authorization": f"Bearer {TOKENS[proxy]}"}
+    bad = httpx.post(proxy.base_url + "/chat/completions", content=b"{not json",
+                     headers={**auth, "content-type": "application/json"})
     assert bad.status_code == 400 and "not JSON" in bad.json()["error"]["message"]
-    no_messages = httpx.post(proxy.base_url + "/chat/completions", json={"messages": []}, headers={"X-Episode-Id": "ep1"})
+    no_messages = httpx.post(proxy.base_url + "/chat/completions", json={"messages": []}, headers=auth)
     assert no_messages.status_code == 400 and no_messages.json()["error"]["param"] == "messages"
 
 
@@ -134,17 +147,16 @@ def test_a_prompt_that_does_not_extend_the_last_one_starts_a_new_sample(served, 
 
 def test_environment_api_user_turns_rewards_and_its_errors(served):
     proxy, _, _ = served([])
-    url = proxy.env_url("ep1")
-    reply = httpx.post(url + "/user", json={"content": "Anything else?"}).json()
+    reply = env(proxy, "user", json={"content": "Anything else?"}).json()
     assert reply["done"] is True and reply["termination"] == "user_stop"  # the mini script had one line
-    over = httpx.post(url + "/user", json={"content": "hello?"})
+    over = env(proxy, "user", json={"content": "hello?"})
     assert over.status_code == 409 and "is over (user_stop)" in over.json()["error"]["message"]
-    assert httpx.post(url + "/reward", json={"reward": "high"}).status_code == 400
-    assert httpx.post(url + "/reward", json={"reward": 0.25}).json()["reward"] == 0.25
-    assert httpx.post(url + "/tool", json={}).json()["error"]["param"] == "name"
+    assert env(proxy, "reward", json={"reward": "high"}).status_code == 400
+    assert env(proxy, "reward", json={"reward": 0.25}).json()["reward"] == 0.25
+    assert env(proxy, "tool", json={}).json()["error"]["param"] == "name"
     trajectory = proxy.call(proxy.episodes.finish("ep1"))
     assert trajectory.reward == 0.25 and "posted by the agent" in trajectory.reasons[-1]
-    assert httpx.post(url + "/start").status_code == 404  # finished: closed
+    assert env(proxy, "start").status_code == 401  # finished: closed, its token no longer opens anything
 
 
 def test_a_prompt_over_the_context_budget_is_refused_and_the_episode_stops_for_context(served):
@@ -160,7 +172,7 @@ def test_a_turn_cut_by_max_tokens_ends_the_episode_as_ctus_loop_does(served):
     proxy, _, client = served(["Hello there, how can I help you today?"])
     reply = client.chat.completions.create(model="ctu", messages=start(proxy)["messages"], user="ep1", max_tokens=3)
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
-    step = httpx.post(proxy.env_url("ep1") + "/step", json={"message": reply.choices[0].message.model_dump()}).json()
+    step = env(proxy, "step", json={"message": reply.choices[0].message.model_dump()}).json()
     assert step == {"observations": [], "done": True, "termination": "length"}
     with pytest.raises(openai.ConflictError, match="is over"):
         client.chat.completions.create(model="ctu", messages=start(proxy)["messages"], user="ep1")

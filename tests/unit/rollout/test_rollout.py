@@ -145,3 +145,28 @@ def test_an_engine_server_that_keeps_failing_errors_the_episode_not_the_run(chat
     (t,) = run(chat, engine)
     assert t.stop_reason == "error" and t.reward == 0.0 and t.error.startswith("engine: ")
     assert "http://vllm.test/v1/completions failed after 2 attempts" in t.error and "'{not json'" in t.error
+
+
+def test_a_python_set_argument_does_not_stop_the_evaluation(chat):
+    # a Python literal JSON has no value for: not a call (the text goes to the user), never a TypeError of the run
+    (t,) = run(chat, ScriptedModel(chat, ["```python\nget_order(order_id={1, 2})\n```"]),
+               limits=RolloutLimits(max_turns=2))
+    assert t.stop_reason in ("done", "max_turns") and t.tool_calls == 0 and t.error is None
+
+
+def test_a_fault_inside_one_episode_errors_that_episode_only(chat, monkeypatch):
+    real_call, calls = type(MINI).call, []
+
+    def faulty_call(domain, requestor, name, arguments, db):  # a domain's bug on its first call
+        calls.append(name)
+        if len(calls) == 1:
+            raise KeyError("payment_history")
+        return real_call(domain, requestor, name, arguments, db)
+
+    monkeypatch.setattr(type(MINI), "call", faulty_call)
+    engine = ScriptedModel(chat, [GOLD_TURNS[0], *GOLD_TURNS])
+    specs = [EpisodeSpec(MINI, TASK, 0), EpisodeSpec(MINI, TASK, 1)]
+    bad, good = asyncio.run(rollout(specs, chat, engine, ScriptedUser(), SamplingParams(temperature=1.0, max_tokens=64),
+                                    RolloutLimits(), concurrency=1))
+    assert bad.stop_reason == "error" and bad.error == "episode: KeyError: 'payment_history'" and bad.reward == 0.0
+    assert good.stop_reason == "done" and good.reward == 1.0
