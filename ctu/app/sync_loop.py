@@ -43,13 +43,13 @@ def collect_now(trainer) -> tuple[list[Trajectory], list[str], TrainingRewards, 
         picks = trainer.sampler.pairs(needed // 2, t.contrast_pairs_all) if t.contrast_pairs else trainer.sampler.sample(needed)
         specs = [EpisodeSpec(d, task, s) for d, task in picks for s in range(t.samples_per_task)]
         seed = trainer.config.run.seed * 1_000_003 + trainer.step * 7919 + draws * 104_729
-        batch = trainer._rollout(specs, trainer.config.sampling.temperature, seed=seed,
-                                 branch=Branching(t.branch_k, t.branch_at) if t.branch_k > 1 else None)
+        branch = {"branch": Branching(t.branch_k, t.branch_at)} if t.branch_k > 1 else {}
+        batch = trainer._rollout(specs, trainer.config.sampling.temperature, seed=seed, **branch)
         rewards = trainer.rewards(batch)
         trajectories += batch
         size = t.samples_per_task * (2 if t.contrast_pairs else 1)
         # a spec's siblings (trainer.branch_k) join its task's group
-        at = spec_indices([tr.fork for tr in batch])
+        at = spec_indices([getattr(tr, "fork", None) for tr in batch])
         groups += [f"{tr.domain}/{specs[i - i % size].task.id}/{draws}.{i // size}" for i, tr in zip(at, batch, strict=True)]
         env += rewards.env
         shaped += rewards.shaped
