@@ -148,7 +148,7 @@ def episode_token_advantages(episode_advantages: dict[int, float], rewards: Sequ
         step = dict(zip(scored, rows, strict=True))
     out = {}
     for i in scored:
-        fork_at = forks[i][1] if (fork := forks[i]) is not None else -1
+        fork_at = fork[1] if (fork := forks[i]) is not None else -1
         out[i] = token_advantages(episode_advantages[i], prefix[i], fork_at, spans[i],
                                   step.get(i, [0.0] * len(spans[i])), len(responses[i]), weight)
     return out
