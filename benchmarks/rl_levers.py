@@ -166,12 +166,17 @@ def run(args: argparse.Namespace) -> None:
             print(f"step {step}: {clock:.0f}s, {replayed} demonstrations replayed alone, loss {loss:.3f}", flush=True)
         else:
             trainer.step += 1
-            metrics = trainer.train_step()["metrics"]
+            out = trainer.train_step()
+            metrics = out["metrics"]
+            drawn = [tr for tr in out["trajectories"] if kinds[f"{tr.domain}/{tr.task_id}"].endswith("/refusal")]
+            refusals = sum(tr.success for tr in drawn)  # a refused request's episode that refused (full reward)
+            forked = sum(1 for tr in out["trajectories"] if tr.fork is not None and tr.fork[0] == 0)
             clock += time.perf_counter() - began
             r, tm = metrics["rollout"], metrics["timing"]
             greedy = f", greedy {r['greedy_reward']:.3f}" if "greedy_reward" in r else ""
             print(f"step {step}: {clock:.0f}s, reward {r['reward']:.3f} ({r['episodes']} episodes{greedy}, "
-                  f"{r['trained_episodes']} trained, {r['replayed_demos']} demonstrations replayed), rollout "
+                  f"{r['trained_episodes']} trained, {r['replayed_demos']} demonstrations replayed), refusals drawn "
+                  f"{refusals} in {len(drawn)} episodes of refused requests ({forked} forks), rollout "
                   f"{tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, entropy {metrics['train']['entropy']:.3f}, "
                   f"peak RSS {tm['peak_rss_gib']:.2f} GiB",
                   flush=True)

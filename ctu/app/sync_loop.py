@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ctu.rl.advantages import informative_groups
-from ctu.rollout.loop import EpisodeSpec, Trajectory
+from ctu.rl.step_advantages import episode_token_advantages, spec_indices, step_estimator_normalizes
+from ctu.rollout.loop import Branching, EpisodeSpec, Trajectory
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,14 @@ def collect_now(trainer) -> tuple[list[Trajectory], list[str], TrainingRewards, 
         picks = trainer.sampler.pairs(needed // 2, t.contrast_pairs_all) if t.contrast_pairs else trainer.sampler.sample(needed)
         specs = [EpisodeSpec(d, task, s) for d, task in picks for s in range(t.samples_per_task)]
         seed = trainer.config.run.seed * 1_000_003 + trainer.step * 7919 + draws * 104_729
-        batch = trainer._rollout(specs, trainer.config.sampling.temperature, seed=seed)
+        branch = {"branch": Branching(t.branch_k, t.branch_at)} if t.branch_k > 1 else {}
+        batch = trainer._rollout(specs, trainer.config.sampling.temperature, seed=seed, **branch)
         rewards = trainer.rewards(batch)
         trajectories += batch
         size = t.samples_per_task * (2 if t.contrast_pairs else 1)
-        groups += [f"{tr.domain}/{batch[i - i % size].task_id}/{draws}.{i // size}" for i, tr in enumerate(batch)]
+        # a spec's siblings (trainer.branch_k) join its task's group
+        at = spec_indices([getattr(tr, "fork", None) for tr in batch])
+        groups += [f"{tr.domain}/{specs[i - i % size].task.id}/{draws}.{i // size}" for i, tr in zip(at, batch, strict=True)]
         env += rewards.env
         shaped += rewards.shaped
         if not t.dynamic_sampling:
@@ -68,3 +72,16 @@ def greedy_baselines(trainer, picks, seed: int) -> tuple[float | None, ...]:
     rewards = trainer.rewards(greedy).shaped
     per_task = [None if tr.stop_reason == "error" else r for tr, r in zip(greedy, rewards, strict=True)]
     return tuple(b for b in per_task for _ in range(trainer.config.trainer.samples_per_task))
+
+
+def step_credit(trajectories, advantages: dict[int, float], rewards, groups, t) -> dict[int, list[float]]:
+    """Per-token advantages where they differ within an episode (a forked episode's shared prefix, the step term
+    ``trainer.step_advantage_weight``); {} where every episode trains with its one advantage, as before."""
+    forks = [tr.fork for tr in trajectories]
+    if not t.step_advantage_weight and all(f is None for f in forks):
+        return {}
+    return episode_token_advantages(advantages, rewards, groups, [tr.prompt_ids for tr in trajectories],
+                                    [tr.response_ids for tr in trajectories],
+                                    [tr.assistant_spans for tr in trajectories], forks,
+                                    weight=t.step_advantage_weight,
+                                    normalize_std=step_estimator_normalizes(t.advantage))

@@ -28,7 +28,7 @@ from ctu.app.evaluate import (
 )
 from ctu.app.resume import prepare_resume, recorded_final
 from ctu.app.stop import Interrupted, StopSignals
-from ctu.app.sync_loop import TrainingRewards, collect_now
+from ctu.app.sync_loop import TrainingRewards, collect_now, step_credit
 from ctu.app.task_sampler import TaskSampler, task_weight  # noqa: F401 - task_weight: imported from here too
 from ctu.config.rundir import check_run_dir, mark_run_dir, overwrite_problem, remove_run
 from ctu.config.runlock import RunDirLock
@@ -43,7 +43,7 @@ from ctu.observe.tracking import Tracker, eval_phase, record_eval
 from ctu.rl.advantages import scored_advantages
 from ctu.rl.filters import filter_loss_mask, filter_reward, spans_lengths
 from ctu.rollout import components as build
-from ctu.rollout.loop import EpisodeSpec, Trajectory, warn_prompt_budget
+from ctu.rollout.loop import Branching, EpisodeSpec, Trajectory, warn_prompt_budget
 from ctu.rollout.stitch import trajectory_samples
 from ctu.train.checkpoint import clean_stale, list_checkpoints, previous_run, resolve_resume
 from ctu.train.demos import demo_tasks, prepared_samples, replay_note, replayed_demos, warm_start_samples
@@ -173,8 +173,10 @@ class Trainer:
 
     # -- pieces ----------------------------------------------------------------------------
     def _rollout(self, specs: Sequence[EpisodeSpec], temperature: float, seed: int, judge=None,
-                 on_done=None) -> list[Trajectory]:
+                 on_done=None, branch: Branching | None = None) -> list[Trajectory]:
         params = replace(build.sampling_params(self.config, temperature), seed=seed)
+        if branch is not None and branch.k > 1:  # training rollouts only (trainer.branch_k)
+            return self.pool.run_branched(specs, params, seed, branch)
         return self.pool.run(specs, params, seed, judge_enabled=judge is not None, on_done=on_done)
 
     def _eval_specs(self) -> list[EpisodeSpec]:
@@ -246,8 +248,10 @@ class Trainer:
         advantages = scored_advantages(t.advantage, rewards.shaped, groups, excluded, baselines=rewards.baseline,
                                        classes=self.sampler.classes(trajectories, t.baseline_by))
         mask_length = self.config.filters.mask_length_stop
+        per_token = step_credit(trajectories, advantages, rewards.shaped, groups, t)
         samples = [to_sample(prompt, response, filter_loss_mask(mask, trajectories[i].stop_reason,
-                                                                mask_length_stop=mask_length), logprobs, advantage)
+                                                                mask_length_stop=mask_length), logprobs, advantage,
+                             per_token.get(i))
                    for i, advantage in sorted(advantages.items())
                    for prompt, response, mask, logprobs in trajectory_samples(trajectories[i])]  # one, or an agent's several
         samples = [s for s in samples if any(s.mask)]

@@ -215,10 +215,29 @@ def config_problems(config: Config) -> list[str]:
     for section in ("user", "judge", "shaping"):
         problems += _budget_problems(section, getattr(config, section))
     problems += _update_problems(config)
+    problems += _branch_problems(config)
     problems += _count_problems(config)
     problems += _agent_problems(config)
     problems += url_problems(config)
     return problems
+
+
+def _branch_problems(config: Config) -> list[str]:
+    """Branched rollouts and step credit: forks are played by ctu's own loop on the trainer's engine, now."""
+    t = config.trainer
+    if t.branch_k < 1:
+        return [f"trainer.branch_k: must be >= 1 (1: no branching), got {t.branch_k}"]
+    if not t.step_advantage_weight >= 0:
+        return [f"trainer.step_advantage_weight: must be >= 0, got {t.step_advantage_weight}"]
+    if t.branch_k == 1:
+        return []
+    clash = {"trainer.max_staleness": (t.max_staleness > 0, "the background producer plays whole episodes"),
+             "distributed.rollout_workers": (config.distributed.rollout_workers > 0, "Ray workers play whole episodes"),
+             "agent.command": (config.agent.command is not None, "an outside agent's state cannot be copied"),
+             "user.kind": (config.user.kind == "llm", "an LLM user's session is not copied"),
+             "trainer.advantage": (t.advantage == "remax", "remax's greedy baselines are one per spec")}
+    return [f"trainer.branch_k: {t.branch_k} cannot be combined with {k} ({why}): branch in process, synchronously"
+            for k, (on, why) in clash.items() if on]
 
 
 def _count_problems(config: Config) -> list[str]:

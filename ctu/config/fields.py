@@ -171,6 +171,13 @@ class TrainerConfig:
     # with contrast_pairs: draw from every training task (as without pairs), and play a task without a twin twice
     # as its group (mini's status requests), so the pairs do not starve what has no twin
     contrast_pairs_all: bool = False
+    # branched rollouts (docs/refusals.md): after an episode's first tool result (branch_at), branch_k - 1 more
+    # continuations of the same tokens, DB and user state; the shared prefix is trained once. 1: no branching
+    branch_k: int = 1
+    branch_at: Literal["tool_result"] = "tool_result"  # where siblings fork: after the first tool result
+    # A = A_episode + w * A_step: w times the step-level advantage among the episodes of a group at the same
+    # token-identical state (siblings of a fork, GiGPO's anchor states; ctu.rl.step_advantages). 0: episode only
+    step_advantage_weight: float = 0.0
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ctu.engines.base import Engine, SamplingParams
 from ctu.engines.checks.parity import PROBE_PROMPT, ScoreFn, probe_parity
-from ctu.rollout.loop import EpisodeSpec, RolloutLimits, Trajectory, rollout
+from ctu.rollout.loop import Branching, EpisodeSpec, RolloutLimits, Trajectory, rollout
 
 NamedTensors = Iterable[tuple[str, object]]
 
@@ -104,6 +104,12 @@ class RolloutPool(ABC):
         ``judge_enabled``: score NL assertions with the configured judge (evaluation), else they are skipped.
         ``on_done`` is called with each trajectory as it finishes (progress bars)."""
 
+    def run_branched(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int,
+                     branch: Branching) -> list[Trajectory]:
+        """:meth:`run` with branched episodes (each spec's episode, then its siblings); only ctu's own loop in
+        this process forks (the config check refuses the other placements)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot branch episodes (trainer.branch_k)")
+
     @abstractmethod
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
         """Send policy ``version``'s merged, Hugging Face-named weights to every engine."""
@@ -177,6 +183,12 @@ class LocalPool(RolloutPool):
         return asyncio.run(rollout(specs, self.chat, self.engine, self.user, params, self.limits,
                                    judge=self.judge if judge_enabled else None, concurrency=self.concurrency,
                                    max_batch_size=self.max_batch_size, seed=seed, on_done=on_done))
+
+    def run_branched(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int,
+                     branch: Branching) -> list[Trajectory]:
+        return asyncio.run(rollout(specs, self.chat, self.engine, self.user, params, self.limits,
+                                   concurrency=self.concurrency, max_batch_size=self.max_batch_size, seed=seed,
+                                   branch=branch))
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
         self.engine.update_weights(named_tensors, version=version)

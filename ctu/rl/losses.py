@@ -1,7 +1,7 @@
 """Policy-gradient loss pieces as pure tensor functions.
 
 Shapes: per-token tensors are ``[batch, tokens]`` with a 0/1 ``mask`` of the same shape;
-advantages are per sequence ``[batch]`` (broadcast over tokens).
+advantages are per sequence ``[batch]`` (broadcast over tokens) or per token ``[batch, positions]``.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def ppo_clip_per_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advan
                        token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token PPO-clip loss (negated clipped objective) and a 0/1 tensor of where clipping bound it."""
     check_clip(clip_low, clip_high, dual_clip)
-    adv = advantages.reshape(-1, 1).to(logprobs.dtype).expand_as(logprobs)
+    adv = (advantages if advantages.dim() == 2 else advantages.reshape(-1, 1)).to(logprobs.dtype).expand_as(logprobs)
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)

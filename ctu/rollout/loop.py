@@ -11,6 +11,7 @@ the messages that follow (loss mask 0).
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -59,6 +60,9 @@ class Trajectory:
     # earlier token samples of the episode (ctu.rollout.stitch.TokenSample): an external agent that rewrote its
     # history (docs/agents.md); trained with the episode's advantage, before the trajectory's own tokens
     extra_samples: list[Any] = field(default_factory=list)
+    # a branched episode (trainer.branch_k): (sibling index, response index where the siblings diverge); the
+    # siblings of one fork come from the same spec, and all but sibling 0 have the shared prefix masked out
+    fork: tuple[int, int] | None = None
 
     @property
     def success(self) -> bool:
@@ -214,6 +218,36 @@ def _turn_from_text(text: str) -> tuple[AgentTurn, bool]:
     return AgentTurn(content=parsed.content, tool_calls=calls), parsed.failed
 
 
+@dataclass(frozen=True)
+class Branching:
+    """Branched rollouts (``trainer.branch_k``): after the first tool result of an episode, ``k`` continuations
+    of the same token prefix, environment state (the DB after the prefix's tool calls) and user state."""
+
+    k: int = 1
+    at: str = "tool_result"
+
+
+@dataclass
+class _Play:
+    """An episode being played: what a fork copies."""
+
+    episode: Episode
+    seq: TokenSequence
+    versions: list[int]  # token_versions, kept beside seq.response_ids
+    model_s: float = 0.0
+    parse_failures: int = 0
+    tool_calls: int = 0
+    sibling: int = 0
+    fork_at: int = -1  # response index where the siblings diverge (-1: not forked)
+
+    def fork(self, sibling: int) -> _Play:
+        """A deep copy (DB, messages, user session, tokens), sharing only the immutable domain and task."""
+        domain, task = self.episode.domain, self.episode.task
+        clone = copy.deepcopy(self, {id(domain): domain, id(task): task})
+        clone.sibling = sibling
+        return clone
+
+
 async def run_episode(
     spec: EpisodeSpec,
     chat: ChatFormat,
@@ -225,24 +259,37 @@ async def run_episode(
     seed: int = 0,
 ) -> Trajectory:
     """Play one episode to its end and score it."""
+    return (await run_branched(spec, chat, batcher, user, params, limits, judge, seed=seed))[0]
+
+
+async def run_branched(spec: EpisodeSpec, chat: ChatFormat, batcher: GenerationBatcher, user: UserSimulator,
+                       params: SamplingParams, limits: RolloutLimits, judge: NLJudge | None = None, seed: int = 0,
+                       branch: Branching | None = None) -> list[Trajectory]:
+    """One episode, and with ``branch`` (k > 1) its k - 1 siblings forked after its first tool result: the
+    episode first (exactly what :func:`run_episode` plays), then the siblings; each sibling's loss mask leaves
+    the shared prefix out, so the prefix is trained once."""
     domain, task = spec.domain, spec.task
     episode = Episode(domain, task, user.start(domain, task, seed=seed),
                       max_turns=limits.max_turns, max_errors=limits.max_errors)
-    tools = domain.openai_tools()
-    model_s = 0.0
-    parse_failures = 0
-    tool_calls = 0
-    stop_reason = "done"
     messages = await episode.reset()
-    seq = TokenSequence.start(chat.prompt_ids(messages, tools))
-    versions: list[int] = []  # token_versions, kept beside seq.response_ids
+    state = _Play(episode, TokenSequence.start(chat.prompt_ids(messages, domain.openai_tools())), [])
+    return await _play(state, spec, chat, batcher, params, limits, judge, seed, branch)
+
+
+async def _play(state: _Play, spec: EpisodeSpec, chat: ChatFormat, batcher: GenerationBatcher,
+                params: SamplingParams, limits: RolloutLimits, judge: NLJudge | None, seed: int,
+                branch: Branching | None) -> list[Trajectory]:
+    domain, task, episode, seq = spec.domain, spec.task, state.episode, state.seq
+    stop_reason = "done"
+    siblings: list[asyncio.Future[list[Trajectory]]] = []
+    turn_base = seed + state.sibling * 100_003  # sibling 0 samples as the unbranched episode does
     while not episode.done:
         budget = limits.max_context_tokens - seq.total_length()
         if budget <= 0:
             stop_reason = "context"
             break
         # Seeded per episode and turn: what an episode samples does not depend on what it is batched with.
-        turn_seed = None if params.seed is None else (seed * 1_000_003 + episode.turns * 7_919 + params.seed) % 2**31
+        turn_seed = None if params.seed is None else (turn_base * 1_000_003 + episode.turns * 7_919 + params.seed) % 2**31
         turn_params = replace(params, max_tokens=min(params.max_tokens, budget), n=1, seed=turn_seed,
                               stop_token_ids=tuple(dict.fromkeys((*params.stop_token_ids, *chat.stop_token_ids))))
         started = time.perf_counter()
@@ -252,14 +299,14 @@ async def run_episode(
             stop_reason, episode.error = "error", f"engine: {exc}"
             break
         finally:
-            model_s += time.perf_counter() - started
+            state.model_s += time.perf_counter() - started
         seq.add_generated(list(completion.token_ids), list(completion.logprobs))
-        versions += completion.versions()
+        state.versions += completion.versions()
         try:  # the model's output, its tools and their answers: a fault here errors this episode, not the others
             text = chat.decode_generated(completion.token_ids)
             turn, failed = _turn_from_text(text)
-            parse_failures += failed
-            tool_calls += len(turn.tool_calls)
+            state.parse_failures += failed
+            state.tool_calls += len(turn.tool_calls)
             if completion.finish_reason == "length":
                 # cut mid-turn: no end-of-turn token, so the template cannot continue from here
                 episode.messages.append({"role": "assistant", "content": turn.content})
@@ -276,7 +323,11 @@ async def run_episode(
             stop_reason = "context"  # the next observation would not fit: the sequence stays within budget
             break
         seq.add_observation(observation)
-        versions += [-1] * len(observation)
+        state.versions += [-1] * len(observation)
+        if branch is not None and branch.k > 1 and state.fork_at < 0 and turn.tool_calls:
+            state.fork_at = len(seq.response_ids)
+            siblings = [asyncio.ensure_future(_play(state.fork(j), spec, chat, batcher, params, limits, judge, seed,
+                                                    branch)) for j in range(1, branch.k)]
     batcher.release(seq.all_ids())
     if episode.termination == "user_error":
         stop_reason = "error"
@@ -294,15 +345,19 @@ async def run_episode(
     except Exception as exc:  # noqa: BLE001 - a transcript the evaluator cannot read errors this episode only
         stop_reason, episode.error = "error", f"reward: {type(exc).__name__}: {exc}"[:500]
         reward = Reward(0.0, {})
-    return Trajectory(
+    mask = list(seq.loss_mask) if state.sibling == 0 else [
+        0 if i < state.fork_at else m for i, m in enumerate(seq.loss_mask)]
+    trajectory = Trajectory(
         domain=domain.name, task_id=task.id, sample=spec.sample,
-        prompt_ids=list(seq.prompt_ids), response_ids=list(seq.response_ids), loss_mask=list(seq.loss_mask),
+        prompt_ids=list(seq.prompt_ids), response_ids=list(seq.response_ids), loss_mask=mask,
         logprobs=list(seq.logprobs), assistant_spans=seq.assistant_spans(), messages=list(episode.messages),
         reward=reward.reward if stop_reason != "error" else 0.0, components=dict(reward.components),
         skipped=list(reward.skipped), reasons=list(reward.reasons), stop_reason=stop_reason,
-        termination=termination, turns=episode.turns, parse_failures=parse_failures, tool_calls=tool_calls,
-        timings={"model": model_s, **episode.timings}, error=episode.error, token_versions=versions,
+        termination=termination, turns=episode.turns, parse_failures=state.parse_failures,
+        tool_calls=state.tool_calls, timings={"model": state.model_s, **episode.timings}, error=episode.error,
+        token_versions=state.versions, fork=(state.sibling, state.fork_at) if state.fork_at >= 0 else None,
     )
+    return [trajectory, *(t for group in await asyncio.gather(*siblings) for t in group)]
 
 
 async def rollout(
@@ -319,8 +374,10 @@ async def rollout(
     seed: int = 0,
     on_done: Callable[[Trajectory], None] | None = None,
     stats: dict[str, Any] | None = None,
+    branch: Branching | None = None,
 ) -> list[Trajectory]:
-    """Run many episodes with bounded concurrency; results in the order of ``specs``.
+    """Run many episodes with bounded concurrency; results in the order of ``specs`` (with ``branch``, each
+    spec's episode followed by its siblings).
 
     ``stats``, if given, receives ``model_seconds`` (wall time inside engine calls) and ``engine_calls``.
     """
@@ -329,15 +386,17 @@ async def rollout(
     batcher = GenerationBatcher(engine, max_batch_size, seed=params.seed)
     gate = asyncio.Semaphore(max(1, concurrency))
 
-    async def one(i: int, spec: EpisodeSpec) -> Trajectory:
+    async def one(i: int, spec: EpisodeSpec) -> list[Trajectory]:
         async with gate:
-            trajectory = await run_episode(spec, chat, batcher, user, params, limits, judge, seed=seed + i)
+            trajectories = await run_branched(spec, chat, batcher, user, params, limits, judge, seed=seed + i,
+                                              branch=branch)
         if on_done is not None:
-            on_done(trajectory)
-        return trajectory
+            for trajectory in trajectories:
+                on_done(trajectory)
+        return trajectories
 
     try:
-        return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(specs))))
+        return [t for group in await asyncio.gather(*(one(i, s) for i, s in enumerate(specs))) for t in group]
     finally:
         batcher.close()
         if stats is not None:

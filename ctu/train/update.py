@@ -62,6 +62,9 @@ class Sample:
     sampler_logprobs: list[float]  # aligned with mask
     advantage: float
     replayed: bool = False  # a gold demonstration (trainer.sft_replay): no sampler logprobs, no mismatch to count
+    # per next-token position (aligned with mask), where tokens of one episode train with different advantages
+    # (step-level credit, ctu.rl.step_advantages); None: ``advantage`` everywhere
+    token_advantages: list[float] | None = None
 
 
 # What a data-parallel rank without episodes runs so that it takes part in every collective (zero weight).
@@ -69,10 +72,12 @@ FILLER = Sample([0, 0], [1], [0.0], 0.0)
 
 
 def to_sample(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask: Sequence[int],
-              logprobs: Sequence[float], advantage: float) -> Sample:
+              logprobs: Sequence[float], advantage: float,
+              token_advantages: Sequence[float] | None = None) -> Sample:
     ids = list(prompt_ids) + list(response_ids)
     pad = [0] * (len(prompt_ids) - 1)
-    return Sample(ids, pad + list(loss_mask), [0.0] * len(pad) + list(logprobs), float(advantage))
+    per_token = None if token_advantages is None else [0.0] * len(pad) + [float(a) for a in token_advantages]
+    return Sample(ids, pad + list(loss_mask), [0.0] * len(pad) + list(logprobs), float(advantage), token_advantages=per_token)
 
 
 def micro_batches(lengths: Sequence[int], token_budget: int, shared: int = 0) -> list[list[int]]:
@@ -147,6 +152,11 @@ def collate(samples: Sequence[Sample], device, weights: Sequence[torch.Tensor] |
         if weights is not None:
             weight[row, : len(s.mask)] = weights[row]
     adv = torch.tensor([s.advantage for s in samples])
+    if any(s.token_advantages is not None for s in samples):  # per token: [batch, positions]
+        adv = adv.reshape(-1, 1).expand(-1, width - 1).clone()
+        for row, s in enumerate(samples):
+            if s.token_advantages is not None:
+                adv[row, : len(s.token_advantages)] = torch.tensor(s.token_advantages)
     return {k: v.to(device) for k, v in
             {"ids": ids, "attn": attn, "mask": mask, "sampler": sampler, "measured": measured, "adv": adv,
               "weight": weight}.items()}

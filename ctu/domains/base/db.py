@@ -78,6 +78,13 @@ class DBView:
     def delete(self, table: str, key: str) -> None:
         self._overlay.setdefault(table, {})[key] = _DELETED
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> DBView:
+        """A view of the same shared base with its own copy of this one's edits (a branched episode's fork)."""
+        clone = DBView(self._base)
+        clone._overlay = {table: {k: v if v is _DELETED else copy.deepcopy(v, memo) for k, v in changed.items()}
+                          for table, changed in self._overlay.items()}
+        return clone
+
     # -- comparison ----------------------------------------------------------------
     def touched(self) -> set[tuple[str, str]]:
         return {(t, k) for t, changed in self._overlay.items() for k in changed}

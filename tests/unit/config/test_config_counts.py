@@ -25,7 +25,7 @@ COUNT_MINIMUMS = {
     "trainer.max_steps": 1, "trainer.tasks_per_step": 1, "trainer.samples_per_task": 1, "trainer.mini_batches": 1,
     "trainer.ppo_epochs": 1, "trainer.micro_batch_tokens": 1, "trainer.logit_chunk_mib": 1, "trainer.warmup_steps": 0,
     "trainer.dynamic_sampling_max_draws": 0, "trainer.max_staleness": 0, "trainer.sft_steps": 0,
-    "trainer.sft_replay": 0,
+    "trainer.sft_replay": 0, "trainer.branch_k": 1,
     "trainer.sft_batch_size": 1,
     "trainer.ckpt_interval": 1, "trainer.keep_checkpoints": 1, "trainer.eval_interval": 0,
     "trainer.eval_max_tasks": 1, "trainer.examples_interval": 1, "trainer.examples_count": 0,
