@@ -10,9 +10,17 @@
    before its buffers: ``fp32-cat``) and in buffers, on the LoRA-wrapped model ``ctu train`` decodes with (peft,
    adapters not merged), with the engine's bf16 decode copy of it (``engine.decode_dtype=bfloat16``), with bf16
    weights, and under bf16 autocast; each against the roofline of its dtype;
-4. torch.profiler's top operators over a few decode steps.
+4. where a decode step's time goes (``--breakdown``, the bf16 decode copy by default): torch.profiler over a decode
+   of ``--new-tokens`` less one of a single token (so without the prefill), each operator's own time put under the
+   products (``mm``/``addmm``/``linear``), attention (inside the decode copy's attention function), sampling (inside
+   ``sample_next``) or the other operators; what the wall clock has beyond all operators is Python (the engine's
+   loop, transformers' modules, the profiler's own cost);
+5. torch.profiler's top operators over a few decode steps.
 
-    python benchmarks/decode_roofline.py [--model smollm2-135m] [--batch 16] [--prompt-tokens 400] [--new-tokens 32]
+``--batch`` takes several sizes (``--batch 16 32``). The variant ``lora-bf16copy-multinomial`` is the bf16 copy with
+the sampler ctu had before (``torch.multinomial`` over the truncated vocabulary: one exponential per entry).
+
+    python benchmarks/decode_roofline.py [--model smollm2-135m] [--batch 16 32] [--new-tokens 32] [--breakdown]
 """
 
 from __future__ import annotations
@@ -28,20 +36,27 @@ from ctu.engines.cpu import cpu_threads
 
 CHOICE = cpu_threads.apply()  # threads and OpenMP waits as ``ctu`` sets them: before torch loads
 
+from unittest import mock  # noqa: E402
+
 import torch  # noqa: E402
 
+import ctu.engines.hf.engine as hf  # noqa: E402
 from ctu.engines.base import SamplingParams  # noqa: E402
+from ctu.engines.hf import decode_attention, sampling  # noqa: E402
 from ctu.engines.hf.engine import HFEngine  # noqa: E402
 from ctu.engines.hf.models import load_model, load_tokenizer  # noqa: E402
 
+CLOCK = {"clock": time.perf_counter}  # --clock cpu: time.process_time (this process's CPU seconds, all threads)
+
 
 def best_seconds(fn, repeats: int = 5) -> float:
+    clock = CLOCK["clock"]
     fn()  # warm-up
     times = []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = clock()
         fn()
-        times.append(time.perf_counter() - started)
+        times.append(clock() - started)
     return min(times)
 
 
@@ -106,27 +121,37 @@ def mini_prompts(tokenizer, batch: int) -> list[list[int]]:
     return prompts
 
 
-def engine_decode(model, tokenizer, prompts, new_tokens: int, autocast: bool) -> dict[str, float]:
+def multinomial_sample_next(logits, params, generator):
+    """ctu's sampler before its inverse-CDF draw: the same candidates, scattered back over the vocabulary, and
+    ``torch.multinomial`` (one exponential per vocabulary entry); logprobs as the current sampler's."""
+    logp = torch.log_softmax(logits.float() / params.temperature, dim=-1)
+    probs = torch.zeros_like(logp)
+    for rows, ids, kept in sampling.candidates(logp.exp(), params.top_p, params.top_k):
+        probs[rows] = kept if ids is None else torch.zeros_like(logp[rows]).scatter(-1, ids, kept)
+    if isinstance(generator, list):
+        tokens = torch.cat([torch.multinomial(probs[r:r + 1], 1, generator=g).reshape(1)
+                            for r, g in enumerate(generator)])
+    else:
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    mass = probs.sum(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1) - mass.log()
+
+
+def engine_decode(model, tokenizer, prompts, new_tokens: int, autocast, repeats: int = 3) -> dict:
     """Decode tokens/s of HFEngine.generate_sync (quickstart sampling: temperature 0.9, top-p 0.95, seeded)."""
     engine = HFEngine(model, tokenizer, max_batch_size=len(prompts),
-                      decode_dtype="bfloat16" if autocast == "copy" else "float32")
+                      decode_dtype="bfloat16" if autocast in ("copy", "multinomial") else "float32")
     engine.eos_ids = set()  # every row decodes new_tokens: a fixed amount of work
 
     def run(n: int) -> list:
         if engine.kv_store is not None:
             engine.kv_store.clear()
         params = SamplingParams(max_tokens=n, temperature=0.9, top_p=0.95, seed=0)
-        if autocast == "fullsort":  # top-p as before: every row's whole vocabulary sorted
-            from unittest import mock
-
-            import ctu.engines.hf.engine as hf
-
-            ctx = mock.patch.object(hf, "nucleus", functools.partial(hf.nucleus, first=10 ** 9))
+        if autocast == "fullsort":  # top-p as before its looks: every row's whole vocabulary sorted
+            ctx = mock.patch.object(hf, "sample_next", functools.partial(sampling.sample_next, looks=()))
+        elif autocast == "multinomial":  # the bf16 copy with torch.multinomial (ctu's sampler before)
+            ctx = mock.patch.object(hf, "sample_next", multinomial_sample_next)
         elif autocast == "cat":  # the KV cache grown by torch.cat every step, as before its buffers
-            from unittest import mock
-
-            import ctu.engines.hf.engine as hf
-
             ctx = mock.patch.object(hf, "preallocate", lambda cache, more: None)
         elif autocast == "copy":
             ctx = nullcontext()
@@ -136,18 +161,73 @@ def engine_decode(model, tokenizer, prompts, new_tokens: int, autocast: bool) ->
             return engine.generate_sync(prompts, params)
 
     run(1)  # warm-up (and the decode copy made)
-    cpu_started, started = time.process_time(), time.perf_counter()
-    run(1)
-    prefill, prefill_cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    cpu_started, started = time.process_time(), time.perf_counter()
-    out = run(new_tokens)
-    total, total_cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    prefill, prefill_cpu, total, total_cpu, out = (float("inf"),) * 4 + ([],)  # type: ignore[assignment]
+    for _ in range(repeats):  # the best of several: other programs on the machine only ever slow a run down
+        cpu_started, started = time.process_time(), time.perf_counter()
+        run(1)
+        prefill, prefill_cpu = min(prefill, time.perf_counter() - started), min(prefill_cpu, time.process_time() - cpu_started)
+        cpu_started, started = time.process_time(), time.perf_counter()
+        out = run(new_tokens)
+        total, total_cpu = min(total, time.perf_counter() - started), min(total_cpu, time.process_time() - cpu_started)
     decode = max(1e-9, total - prefill)
     steps = new_tokens - 1
     # CPU seconds (all threads) per step: what a busy machine inflates less than the wall clock
     return {"prefill_s": prefill, "decode_s": decode, "step_ms": 1e3 * decode / steps,
             "cpu_ms": 1e3 * max(0.0, total_cpu - prefill_cpu) / steps,
-            "tokens_per_s": len(prompts) * steps / decode, "tokens": [c[0].token_ids for c in out]}
+            "tokens_per_s": len(prompts) * steps / decode, "tokens": [c[0].token_ids for c in out], "run": run}
+
+
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::_addmm_activation")
+
+
+def scoped(name: str, fn):
+    def wrapped(*args, **kwargs):
+        with torch.profiler.record_function(name):
+            return fn(*args, **kwargs)
+    return wrapped
+
+
+def op_seconds(run, n: int) -> dict[str, float]:
+    """Seconds of operator time by kind over ``run(n)``, and its wall clock (``"wall"``): torch.profiler, the
+    engine's attention functions and its sampler inside named scopes, whose own time counts to them."""
+    from transformers.modeling_utils import AttentionInterface
+
+    decode_attention.register()
+    table = AttentionInterface._global_mapping
+    attention = {k: scoped("attention", table[k]) for k in (decode_attention.NAME, "sdpa")}
+    with mock.patch.dict(table, attention), mock.patch.object(hf, "sample_next", scoped("sampling", hf.sample_next)):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            started = time.perf_counter()
+            run(n)
+            wall = time.perf_counter() - started
+    kinds = dict.fromkeys(("products", "attention", "sampling", "other operators"), 0.0)
+    for event in prof.events():
+        scope, up = None, event
+        while up is not None and scope is None:
+            scope = up.name if up.name in ("attention", "sampling") else None
+            up = up.cpu_parent
+        kind = scope or ("products" if event.name in PRODUCTS else "other operators")
+        kinds[kind] += event.self_cpu_time_total / 1e6
+    return {**kinds, "wall": wall}
+
+
+def breakdown(result: dict, new_tokens: int, step_ms: float, repeats: int = 2) -> dict[str, float]:
+    """``step_ms`` split by kind: each kind's share of the profiled decode steps (operators over ``new_tokens``
+    tokens less those of one: without the prefill and the first token; the best of ``repeats`` for each); Python is
+    the steps' wall clock beyond every operator's own time."""
+    run = result["run"]
+    op_seconds(run, 1)  # warm-up of the profiler
+
+    def best(n: int) -> dict[str, float]:
+        runs = [op_seconds(run, n) for _ in range(repeats)]
+        return {k: min(r[k] for r in runs) for k in runs[0]}
+
+    many, one = best(new_tokens), best(1)
+    wall = max(1e-9, many.pop("wall") - one.pop("wall"))
+    share = {k: max(0.0, many[k] - one[k]) / wall for k in many}
+    share["Python and the rest"] = max(0.0, 1.0 - sum(share.values()))
+    total = sum(share.values())
+    return {k: step_ms * v / total for k, v in share.items()}
 
 
 def profile_decode(model, tokenizer, prompts, steps: int = 6, rows: int = 12) -> str:
@@ -176,10 +256,16 @@ def lora_wrapped(model):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, nargs="+", default=[16])
     ap.add_argument("--prompt-tokens", type=int, default=400)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3, help="timed decodes a variant; the best is reported")
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: the machine's rates and each step's cost in CPU seconds (with --threads 1, what one "
+                         "core does however busy the machine is; 'of roofline' then compares CPU time)")
+    ap.add_argument("--breakdown", nargs="?", const="lora-bf16copy", default=None,
+                    help="where a decode step's time goes for this variant (default lora-bf16copy)")
     ap.add_argument("--prompts", choices=["mini", "synthetic"], default="mini",
                     help="mini: the first agent turn of mini test tasks (compact template); synthetic: a repeated text "
                          "of --prompt-tokens tokens")
@@ -188,20 +274,25 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["fp32-cat", "fp32", "lora", "lora-bf16copy", "bf16"],
                     help="engine measurements to run: fp32-cat (KV grown by torch.cat) fp32 fullsort (top-p by sorting "
                          "every row) autocast bf16 (bf16 weights) lora (fp32, LoRA unmerged) lora-bf16copy (the same "
-                         "with engine.decode_dtype=bfloat16)")
+                         "with engine.decode_dtype=bfloat16) lora-bf16copy-multinomial (the same, torch.multinomial)")
     args = ap.parse_args()
+    if args.clock == "cpu":
+        CLOCK["clock"] = time.process_time
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(CHOICE.message)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (a busy machine measures low)")
     bw = bandwidth_gbs()
-    rates = {str(dt).split(".")[-1]: (matmul_gflops(1024, 1024, 1024, dt), matmul_gflops(args.batch, 576, 1536, dt))
-             for dt in (torch.float32, torch.bfloat16)}
+    dtypes = (torch.float32, torch.bfloat16)
+    square = {dt: matmul_gflops(1024, 1024, 1024, dt) for dt in dtypes}
+    rates = {(b, dt): matmul_gflops(b, 576, 1536, dt) for b in args.batch for dt in dtypes}
     print(f"memory bandwidth (copy, read + write): {bw:.1f} GB/s")
-    for name, (square, decode) in rates.items():
-        print(f"matmul {name}: {square:.1f} GFLOP/s at 1024^3, {decode:.1f} GFLOP/s at {args.batch}x576x1536")
+    for dt in dtypes:
+        shaped = ", ".join(f"{rates[(b, dt)]:.1f} at {b}x576x1536" for b in args.batch)
+        print(f"matmul {str(dt).split('.')[-1]}: {square[dt]:.1f} GFLOP/s at 1024^3, {shaped}")
 
     model = load_model(args.model, dtype=torch.float32, device="cpu")
     model.eval()
@@ -211,39 +302,58 @@ def main() -> None:
     print(f"\n{args.model}: {n_params / 1e6:.1f}M parameters, context ~{context} tokens")
     print(f"{'roofline':<24} {'MB/step':>8} {'GFLOP/step':>10} {'ms/step':>8} {'bound':>8} {'tokens/s':>9}")
     bound_tps = {}
-    for batch in (1, args.batch):
-        for name, wbytes in (("float32", 4), ("bfloat16", 2)):
+    for batch in (1, *args.batch):
+        for dt, wbytes in zip(dtypes, (4, 2), strict=True):
+            name = str(dt).split(".")[-1]
             cost = decode_cost(model.config, n_params, batch, context, wbytes, wbytes)
             # the decode-shaped matmul rate: what small products reach here, not the square peak
-            seconds, bound = roofline_seconds(cost, bw * 1e9, rates[name][1] * 1e9)
+            rate = rates.get((batch, dt), rates[(args.batch[0], dt)])
+            seconds, bound = roofline_seconds(cost, bw * 1e9, rate * 1e9)
             bound_tps[(batch, name)] = batch / seconds
             print(f"batch {batch:>2} {name:<15} {cost['bytes'] / 1e6:>8.0f} {cost['flops'] / 1e9:>10.2f} "
                   f"{1e3 * seconds:>8.1f} {bound:>8} {batch / seconds:>9.0f}")
 
-    prompts = (mini_prompts(tokenizer, args.batch) if args.prompts == "mini"
-               else prompts_for(tokenizer, args.batch, args.prompt_tokens))
-    print(f"\nprompts: {args.prompts}, {min(map(len, prompts))}-{max(map(len, prompts))} tokens")
     makers = {"fp32": lambda: ("fp32", model, False), "autocast": lambda: ("fp32 + bf16 autocast", model, True),
               "bf16": lambda: ("bf16 weights", copy.deepcopy(model).to(torch.bfloat16), False),
               "lora": lambda: ("fp32 LoRA (as ctu train)", lora_wrapped(model), False),
               "fullsort": lambda: ("fp32, full-sort top-p", model, "fullsort"),
               "fp32-cat": lambda: ("fp32, KV by torch.cat", model, "cat"),
-              "lora-bf16copy": lambda: ("LoRA, bf16 decode copy", lora_wrapped(model), "copy")}
-    variants = [makers[v]() for v in args.variants]
-    print(f"\nHFEngine decode, batch {args.batch}, {args.new_tokens} new tokens (temperature 0.9, top-p 0.95)")
-    print(f"{'variant':<26} {'prefill s':>9} {'ms/step':>8} {'CPU ms/step':>11} {'tokens/s':>9} {'of roofline':>11}")
-    tokens = {}
-    for name, m, autocast in variants:
-        r = engine_decode(m, tokenizer, prompts, args.new_tokens, autocast)
-        tokens[name] = r["tokens"]
-        ideal = bound_tps[(args.batch, "bfloat16" if "bf16" in name else "float32")]
-        print(f"{name:<26} {r['prefill_s']:>9.2f} {r['step_ms']:>8.1f} {r['cpu_ms']:>11.1f} {r['tokens_per_s']:>9.0f} "
-              f"{r['tokens_per_s'] / ideal:>10.0%}")
-    if "fp32, KV by torch.cat" in tokens and "fp32" in tokens:
-        same = tokens["fp32, KV by torch.cat"] == tokens["fp32"]
-        print(f"fp32 with buffers samples the same tokens as with torch.cat: {same}")
+              "lora-bf16copy": lambda: ("LoRA, bf16 decode copy", lora_wrapped(model), "copy"),
+              "lora-bf16copy-multinomial": lambda: ("LoRA, bf16 copy, multinomial", lora_wrapped(model), "multinomial")}
+    wanted = list(dict.fromkeys(args.variants + ([args.breakdown] if args.breakdown else [])))
+    variants = {v: makers[v]() for v in wanted}
+    for batch in args.batch:
+        prompts = (mini_prompts(tokenizer, batch) if args.prompts == "mini"
+                   else prompts_for(tokenizer, batch, args.prompt_tokens))
+        prompts = [prompts[i % len(prompts)] for i in range(batch)]  # fewer tasks than rows: again from the first
+        print(f"\nHFEngine decode, batch {batch}, {args.new_tokens} new tokens (temperature 0.9, top-p 0.95), "
+              f"prompts: {args.prompts}, {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
+              f"best of {args.repeats}")
+        print(f"{'variant':<30} {'prefill s':>9} {'ms/step':>8} {'CPU ms/step':>11} {'tokens/s':>9} "
+              f"{'of roofline':>11}")
+        tokens, results = {}, {}
+        for key in args.variants:
+            name, m, autocast = variants[key]
+            r = results[key] = engine_decode(m, tokenizer, prompts, args.new_tokens, autocast, args.repeats)
+            tokens[name] = r["tokens"]
+            ideal = bound_tps[(batch, "bfloat16" if "bf16" in name else "float32")]
+            rate = r["tokens_per_s"] if args.clock == "wall" else 1e3 * batch / max(1e-9, r["cpu_ms"])
+            print(f"{name:<30} {r['prefill_s']:>9.2f} {r['step_ms']:>8.1f} {r['cpu_ms']:>11.1f} "
+                  f"{r['tokens_per_s']:>9.0f} {rate / ideal:>10.0%}")
+        if "fp32, KV by torch.cat" in tokens and "fp32" in tokens:
+            same = tokens["fp32, KV by torch.cat"] == tokens["fp32"]
+            print(f"fp32 with buffers samples the same tokens as with torch.cat: {same}")
+        if args.breakdown:
+            name, m, autocast = variants[args.breakdown]
+            r = results.get(args.breakdown) or engine_decode(m, tokenizer, prompts, args.new_tokens, autocast,
+                                                              args.repeats)
+            step = r["step_ms"] if args.clock == "wall" else r["cpu_ms"]
+            parts = breakdown(r, args.new_tokens, step)
+            print(f"where a step goes ({name}, batch {batch}, {step:.1f} ms a step, {args.clock} clock): " + ", ".join(
+                f"{k} {v:.1f} ms ({v / step:.0%})" for k, v in parts.items()))
     if not args.no_profile:
-        print(f"\ntop operators over 6 decode steps (fp32, batch {args.batch}; the first row also includes prefill):")
+        print(f"\ntop operators over 6 decode steps (fp32, batch {args.batch[-1]}; the first row also includes "
+              "prefill):")
         print(profile_decode(model, tokenizer, prompts))
 
 

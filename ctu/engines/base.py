@@ -25,12 +25,15 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     n: int = 1
     seed: int | None = None
+    top_k: int = 0  # the k most likely tokens only (0: all)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.n < 1:

@@ -2,12 +2,11 @@
 
 Prompts are batched (prompt x n rows; their shared prefix, e.g. the system prompt, is prefilled once and
 the rest left-padded after it), decoded step by step with the model's KV cache, and sampled with temperature and
-top-p from a seeded generator. With ``kv_reuse`` (default) each row's KV cache is kept after generation, so the next
-turn of the same conversation runs only its new tokens (:mod:`ctu.engines.hf.kv_reuse`); without it every prompt is
-prefilled whole (:func:`ctu.engines.hf.shared_prefix.prefill`). Both give the same tokens and logprobs up to float rounding. The
-logprob of each sampled token is taken from ``log_softmax(logits / temperature)`` (plain
-``log_softmax`` when greedy) before top-p truncation — the same quantity the trainer
-computes with the same temperature, so sampler and trainer logprobs are comparable.
+top-k/top-p from a seeded generator (:mod:`ctu.engines.hf.sampling`, which also takes each sampled token's logprob,
+from the truncated distribution it was drawn from). With ``kv_reuse`` (default) each row's KV cache is kept after
+generation, so the next turn of the same conversation runs only its new tokens (:mod:`ctu.engines.hf.kv_reuse`);
+without it every prompt is prefilled whole (:func:`ctu.engines.hf.shared_prefix.prefill`). Both give the same tokens
+and logprobs up to float rounding.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from ctu.engines.hf import kv_reuse as kvr
 from ctu.engines.hf.decode_copy import DecodeCopy, resolve_decode_dtype
 from ctu.engines.hf.hf_api import cache_of, with_cache
 from ctu.engines.hf.kv_buffer import plain_layers, preallocate
+from ctu.engines.hf.sampling import sample_next
 from ctu.engines.hf.shared_prefix import prefill
 
 
@@ -42,75 +42,6 @@ def _eos_ids(model, tokenizer) -> set[int]:
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
-
-
-def _nucleus_of_sorted(sorted_probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kept probabilities, which are dropped) of rows sorted in descending order: the smallest prefix reaching
-    ``top_p``."""
-    drop = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p
-    return sorted_probs.masked_fill(drop, 0.0), drop
-
-
-def nucleus(probs: torch.Tensor, top_p: float, looks: tuple[int, ...] = (256, 4096)) -> torch.Tensor:
-    """``probs`` with everything outside each row's top-p nucleus zeroed.
-
-    The nucleus is looked for among each row's 256, then 4096 largest probabilities (torch.topk) before sorting the
-    whole vocabulary (~15% of a batch-16 decode step of a 135M model on CPU; decoding the mini tasks, 21% of the
-    rows needed 257-4096). The result is bitwise the full sort's: the cumulative sums of a sorted prefix do not depend
-    on what follows it, and a row is left to the next look (the sort last) when its nucleus is wider than this look
-    or equal probabilities straddle its edge (their order would decide which is kept)."""
-    out = torch.zeros_like(probs)
-    rows = torch.arange(probs.shape[0], device=probs.device)
-    left = probs
-    for first in looks:
-        if probs.shape[-1] <= first:
-            break
-        top, order = left.topk(first, dim=-1)
-        kept, drop = _nucleus_of_sorted(top, top_p)
-        edge = drop.int().argmax(dim=-1, keepdim=True)  # the first dropped position of each row
-        tied = (top.gather(-1, edge) == top.gather(-1, (edge - 1).clamp(min=0))).squeeze(-1)
-        settled = drop[:, -1] & ~tied
-        if bool(settled.all()):
-            return out.index_copy_(0, rows, torch.zeros_like(left).scatter(-1, order, kept))
-        done = settled.nonzero().squeeze(-1)
-        if len(done):
-            out[rows[done]] = torch.zeros_like(left[done]).scatter(-1, order[done], kept[done])
-        unsettled = (~settled).nonzero().squeeze(-1)
-        rows, left = rows[unsettled], left[unsettled]
-    sorted_probs, order = left.sort(dim=-1, descending=True)  # only these rows are sorted whole
-    out[rows] = torch.zeros_like(sorted_probs).scatter(-1, order, _nucleus_of_sorted(sorted_probs, top_p)[0])
-    return out
-
-
-DIVERGED = ("the model's next-token probabilities are not finite numbers (NaN or inf): its weights diverged; in "
-            "training, lower trainer.lr (or trainer.sft_lr for the warm start) and start again")
-
-
-def sample_next(logits: torch.Tensor, params: SamplingParams, generator):
-    """(token ids [B], their logprobs [B]) from last-position logits [B, V].
-
-    ``generator``: one ``torch.Generator`` for the batch, a list of one per row (per-request seeds), or None.
-    """
-    logits = logits.float()
-    if params.temperature == 0:
-        logp = torch.log_softmax(logits, dim=-1)
-        tokens = logp.argmax(dim=-1)
-        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-    logp = torch.log_softmax(logits / params.temperature, dim=-1)
-    probs = logp.exp()
-    if params.top_p < 1.0:
-        probs = nucleus(probs, params.top_p)
-    try:
-        if isinstance(generator, list):
-            tokens = torch.cat([torch.multinomial(probs[r:r + 1], 1, generator=g).reshape(1)
-                                for r, g in enumerate(generator)])
-        else:
-            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    except RuntimeError as exc:  # torch: "probability tensor contains either `inf`, `nan` or element < 0"
-        if bool(torch.isfinite(probs).all()):
-            raise
-        raise RuntimeError(DIVERGED) from exc
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
 class HFEngine(Engine):

@@ -204,6 +204,8 @@ def assemble(batch: Batch, pad_id: int, device, make_cache):
     """(input ids [B, W], attention mask [B, S + C + W], position ids [B, W], cache or None) for ``batch``.
 
     ``make_cache(per-layer (keys, values))`` builds the model's cache object from [B, heads, S + C, dim] tensors.
+    The rows let go of the cached KV they were planned with (the store dropped those entries already), so a decode
+    holds its batch's KV once, not also the entries it continues.
     """
     rows, prefix = batch.rows, batch.prefix
     size = len(rows)
@@ -236,6 +238,8 @@ def assemble(batch: Batch, pad_id: int, device, make_cache):
                 keys[i, :, past - c:] = r.cached[layer][0][0]
                 values[i, :, past - c:] = r.cached[layer][1][0]
         layers.append((keys, values))
+    for r in rows:  # copied into the batch: the continued entries' KV is freed now, not after the whole decode
+        r.cached, r.used = None, None
     return ids, mask, positions, make_cache(layers)
 
 

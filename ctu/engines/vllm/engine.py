@@ -12,13 +12,10 @@ What ctu relies on, and where in vLLM's source (github vllm-project/vllm) it was
   ``processed_logprobs`` is ``log_softmax`` taken inside ``TopKTopPSampler.forward_native`` *after*
   temperature and after ``apply_top_k_top_p`` has set the dropped tokens to -inf, i.e. renormalised over
   the kept tokens; greedy rows (temperature < 1e-5) return ``log_softmax`` of the unscaled logits.
-  ctu's sampler logprob is the trainer's: ``log_softmax(logits / T)`` of the sampled token *before*
-  top-k/top-p (plain ``log_softmax`` when greedy). So (see :func:`choose_logprobs_mode`):
-  ``processed_logprobs`` is exact when top_p == 1 (any T) and when greedy; ``raw_logprobs`` is exact when
-  T == 1 (any top_p) and when greedy. No mode is exact for T not in {0, 1} with top_p < 1: there
-  ``processed_logprobs`` is used, and it overstates the logprob by ``-log(kept mass) <= -log(top_p)``
-  (a warning says so once). ``raw_logits`` cannot help: the sampled token's logit without the
-  normaliser over the vocabulary is not a logprob.
+  ctu's sampler logprob is the sampled token's under the distribution it was drawn from:
+  ``log_softmax(logits / T)`` renormalised over the top-k/top-p set (plain ``log_softmax`` when greedy), as
+  the hf engine's sampler (:mod:`ctu.engines.hf.sampling`) returns it. That is ``processed_logprobs``, for
+  every T and top_p (:func:`choose_logprobs_mode`); ``raw_logprobs`` is it only when nothing is cut and T == 1.
 - **Prefix cache** (vllm/v1/core/kv_cache_utils.py): full 16-token blocks are hashed over their token ids
   chained on the parent block's hash (plus the LoRA name); the KV of a hit is reused as it was computed.
   Reloading weights does not invalidate it, so every update (weights or adapter) ends with
@@ -64,7 +61,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -88,23 +84,18 @@ def check_hf_names(names: Iterable[str]) -> list[str]:
 
 
 def choose_logprobs_mode(temperature: float | None, top_p: float | None) -> str:
-    """The vLLM ``logprobs_mode`` whose sampled-token value is closest to ``log_softmax(logits / T)``.
-
-    ``raw_logprobs`` when T == 1 and top_p < 1 (exact: taken before top-p); otherwise
-    ``processed_logprobs`` (exact when top_p == 1 or greedy; otherwise renormalised after top-p).
-    """
-    if temperature == 1.0 and top_p is not None and top_p < 1.0:
-        return "raw_logprobs"
+    """The vLLM ``logprobs_mode`` whose sampled-token value is the logprob under the distribution it was sampled
+    from (temperature, then renormalised over the top-k/top-p set): ``processed_logprobs``, whatever the
+    settings (the arguments are kept for the callers that pass a run's sampling)."""
     return "processed_logprobs"
 
 
 def logprobs_exact(mode: str, params: SamplingParams) -> bool:
-    """Whether vLLM's value under ``mode`` is the trainer's logprob for these sampling params."""
-    if params.temperature < 1e-5:
+    """Whether vLLM's value under ``mode`` is the sampled token's logprob under the distribution it was drawn
+    from, for these sampling params."""
+    if params.temperature < 1e-5 or mode == "processed_logprobs":
         return True
-    if mode == "raw_logprobs":
-        return params.temperature == 1.0
-    return mode == "processed_logprobs" and params.top_p >= 1.0
+    return mode == "raw_logprobs" and params.temperature == 1.0 and params.top_p >= 1.0 and not params.top_k
 
 
 def vllm_dtype(model_dtype: str, cuda: bool) -> str:
@@ -239,7 +230,8 @@ class VLLMEngine(Engine):
 
     def _sampling_params(self, params: SamplingParams, seed: int | None = None):
         return self._vllm.SamplingParams(
-            n=params.n, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_tokens,
+            n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or -1,
+            max_tokens=params.max_tokens,
             seed=params.seed if seed is None else int(seed), stop=list(params.stop) or None, stop_token_ids=list(params.stop_token_ids) or None,
             logprobs=0, include_stop_str_in_output=True, skip_special_tokens=False, detokenize=bool(params.stop))
 
@@ -267,9 +259,8 @@ class VLLMEngine(Engine):
                                "weights (update_weights) before generating")
         if not self._warned_inexact and not logprobs_exact(self.logprobs_mode, params):
             self._warned_inexact = True
-            log.warning("vLLM cannot return log_softmax(logits/T) before top-p for T=%s, top_p=%s (logprobs_mode=%s): "
-                        "sampler logprobs are renormalised over the top-p set, off by at most %.3f nats",
-                        params.temperature, params.top_p, self.logprobs_mode, -math.log(params.top_p))
+            log.warning("vLLM's logprobs_mode=%s is not the sampling distribution's logprob for T=%s, top_p=%s: "
+                        "sampler logprobs are inexact", self.logprobs_mode, params.temperature, params.top_p)
         inputs = [self._vllm.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         with self._lock:
             sampling = (self._sampling_params(params) if seeds is None

@@ -10,8 +10,8 @@ unanswered for ``notice_s`` prints ``waiting for URL``.
 
 Logprobs: a vLLM server returns, for ``logprobs=1``, the sampled token's value under the server's
 ``--logprobs-mode`` (a server-wide setting, not a request field; vllm/v1/sample/sampler.py): the default
-``raw_logprobs`` is ``log_softmax`` of the logits before temperature and top-p, which is ctu's sampler
-logprob only at temperature 1 (or 0); ``processed_logprobs`` is exact at top_p == 1. This engine cannot
+``raw_logprobs`` is ``log_softmax`` of the logits before temperature and top-p; ctu's sampler logprob (the
+distribution the token was drawn from, renormalised over the top-k/top-p set) is ``processed_logprobs``. This engine cannot
 take weights from the trainer (``accepts_weights = False``): it serves evaluation, and training with
 ``engine.kind=remote`` must be rejected at config time.
 """
@@ -117,6 +117,8 @@ class RemoteEngine(Engine):
             "return_tokens_as_token_ids": True, "return_token_ids": True, "skip_special_tokens": False,
             "include_stop_str_in_output": True,
         }
+        if params.top_k:
+            body["top_k"] = params.top_k
         if params.stop:
             body["stop"] = list(params.stop)
         if params.stop_token_ids:

@@ -32,7 +32,6 @@ vllm/entrypoints/serve/dev/, vllm/entrypoints/rl/online/api_router.py, vllm/v1/c
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 import threading
 import uuid
@@ -182,10 +181,9 @@ class ServedEngine(RemoteEngine):
 
         if self.logprobs_mode and not self._warned_inexact and not logprobs_exact(self.logprobs_mode, params):
             self._warned_inexact = True
-            log.warning("the server's --logprobs-mode %s is not log_softmax(logits/T) before top-p for T=%s, "
-                        "top_p=%s: sampler logprobs are inexact (serve with --logprobs-mode processed_logprobs and "
-                        "top_p=1; off by up to %.3f nats)", self.logprobs_mode, params.temperature, params.top_p,
-                        -math.log(params.top_p) if params.top_p < 1 else float("inf"))
+            log.warning("the server's --logprobs-mode %s is not the sampling distribution's logprob for T=%s, "
+                        "top_p=%s: sampler logprobs are inexact (serve with --logprobs-mode processed_logprobs)",
+                        self.logprobs_mode, params.temperature, params.top_p)
         return await super().generate(prompts, params, seeds)
 
     async def complete_prompt(self, client: httpx.AsyncClient, prompt: Sequence[int],

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ctu.engines.base import SamplingParams
-from ctu.engines.hf.engine import nucleus
+from ctu.engines.hf.sampling import sample_next
 from tests.unit.engines.hf.test_engine_hf import PROMPTS, engine  # noqa: F401 - engine: the tiny-random hf engine fixture
 
 
@@ -25,13 +25,20 @@ def rows(kind: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", ["peaked", "mixed"])
-def test_nucleus_makes_its_row_index_on_the_data_device(kind):
-    probs = rows(kind)
-    expected = nucleus(probs, 0.9)
+@pytest.mark.parametrize("top_k", [0, 50])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_sampling_makes_its_tensors_on_the_data_device(kind, top_k, per_row):
+    logits = torch.log(rows(kind))
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=top_k)
+
+    def gens():
+        return [torch.Generator().manual_seed(r) for r in range(4)] if per_row else torch.Generator().manual_seed(0)
+
+    expected = sample_next(logits, params, gens())
     with torch.device("meta"):
-        got = nucleus(probs, 0.9)
-    assert got.device == probs.device
-    assert torch.equal(got, expected)
+        got = sample_next(logits, params, gens())
+    assert got[0].device == logits.device and got[1].device == logits.device
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
 @pytest.mark.parametrize("params, seeds", [

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ctu.engines.base import SamplingParams
-from ctu.engines.hf.engine import sample_next
+from ctu.engines.hf.sampling import sample_next
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])

@@ -87,8 +87,9 @@ def test_update_weights_changes_outputs_and_refuses_peft_names(engine):
     assert gen(engine, PROMPTS, temperature=0.0, max_tokens=5) == before
 
 
-def test_logprobs_are_taken_before_top_p_truncation(engine):
-    """With top_p < 1 the logprob is log_softmax(logits / T), not the renormalised truncated distribution's."""
+def test_logprobs_are_the_truncated_distributions_it_sampled_from(engine):
+    """With top_p < 1 the logprob is the sampling distribution's: log_softmax(logits / T) renormalised over the
+    top-p set, not the untruncated one (the trainer's importance weights divide by it)."""
     temperature, top_p = 0.7, 0.3
     out = gen(engine, PROMPTS, temperature=temperature, top_p=top_p, max_tokens=5, seed=11)
     for prompt, (c,) in zip(PROMPTS, out, strict=True):
@@ -102,8 +103,8 @@ def test_logprobs_are_taken_before_top_p_truncation(engine):
         kept = torch.zeros_like(probs).scatter(-1, order, (sorted_probs.cumsum(-1) - sorted_probs <= top_p).float())
         truncated = torch.log(probs * kept / (probs * kept).sum(-1, keepdim=True)).gather(-1, chosen).squeeze(-1)
         assert bool(kept.gather(-1, chosen).all())  # every sampled token lies inside the top-p set
-        torch.testing.assert_close(torch.tensor(c.logprobs), full, rtol=1e-4, atol=0)
-        assert ((truncated - full) > 0.5).all()  # the truncated distribution would be ~log(1/0.3) higher
+        torch.testing.assert_close(torch.tensor(c.logprobs), truncated, rtol=1e-4, atol=1e-5)
+        assert ((truncated - full) > 0.5).all()  # the untruncated one is ~log(1/0.3) lower
 
 
 def test_per_request_seeds_do_not_depend_on_the_rest_of_the_batch(engine):

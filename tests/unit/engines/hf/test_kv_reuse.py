@@ -65,9 +65,12 @@ def run_episodes(engine, tokenizer, params, episodes=6):
                                RolloutLimits(max_turns=4, max_context_tokens=2048), concurrency=4, max_batch_size=4))
 
 
-@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.9, top_p=0.95, seed=5)],
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.9, top_k=40, seed=5)],
                          ids=["greedy", "seeded"])
 def test_multi_turn_episodes_equal_the_no_cache_reference(model, tokenizer, sampling):
+    # seeded among 40 candidates: the random model's next-token distribution is nearly flat over 49,152 tokens,
+    # where the float rounding by which the two paths' logits differ (~1e-6) moves the sampler's cumulative sums
+    # across a token's boundary in a few draws of a thousand; over 40 candidates of ~2.5% each it never does
     # the first 10000 ids end a turn, so the random model ends turns early and episodes go on for several turns
     params = SamplingParams(max_tokens=16, stop_token_ids=tuple(range(10000)), **sampling)
     reuse, plain = engines(model, tokenizer)

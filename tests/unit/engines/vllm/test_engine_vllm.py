@@ -69,15 +69,22 @@ def test_generate_n_logprobs_and_finish_reasons(engine):
     assert gen(engine, [], max_tokens=2) == []
 
 
-def test_logprobs_are_the_trainers_before_top_p(monkeypatch):
-    """log_softmax(logits / T) of the sampled token, before top-p: vLLM's mode is chosen from the sampling settings.
-
-    At T=1 with top_p<1 only ``raw_logprobs`` is exact (``processed_logprobs`` is renormalised after top-p).
-    """
-    for temperature, top_p in ((1.0, 0.3), (0.7, 1.0), (0.0, 1.0)):
+def test_logprobs_are_the_sampling_distributions_after_top_p(monkeypatch):
+    """The sampled token's logprob under the distribution it was drawn from: log_softmax(logits / T) renormalised
+    over the top-p set (the hf engine's meaning), for every T; vLLM's ``processed_logprobs``."""
+    for temperature, top_p in ((1.0, 0.3), (0.7, 0.3), (0.7, 1.0), (0.0, 1.0)):
         engine = make(monkeypatch, sampling_temperature=temperature, sampling_top_p=top_p)
         (c,) = gen(engine, [PROMPT], temperature=temperature, top_p=top_p, max_tokens=6, seed=2)[0]
-        assert_close(c.logprobs, teacher_forced(engine.llm.hf, PROMPT, c, temperature))
+        ids = torch.tensor([PROMPT + list(c.token_ids)])
+        with torch.no_grad():
+            logits = engine.llm.hf(ids).logits[0, len(PROMPT) - 1:-1].float()
+        scaled = logits / temperature if temperature > 0 else logits
+        if 0 < top_p < 1:
+            scaled = fake_vllm.apply_top_k_top_p(scaled, 0, top_p)
+        want = torch.log_softmax(scaled, -1).gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
+        assert_close(c.logprobs, want)
+        if top_p < 1:  # the untruncated logprob is lower by -log(the kept mass)
+            assert (want - teacher_forced(engine.llm.hf, PROMPT, c, temperature)).min() > 0.5
 
 
 def test_build_engine_passes_context_budget_lora_and_sampling(monkeypatch):
@@ -90,7 +97,7 @@ def test_build_engine_passes_context_budget_lora_and_sampling(monkeypatch):
                                 "sampling.top_p=0.9", "lora.alpha=24"])
     kwargs = build_engine(config).llm.kwargs
     assert kwargs["max_model_len"] == 1536 and kwargs["enable_lora"] is True and kwargs["max_lora_rank"] == 8
-    assert kwargs["logprobs_mode"] == "raw_logprobs"
+    assert kwargs["logprobs_mode"] == "processed_logprobs"
     assert build_engine(config).lora_alpha == 24
 
 
