@@ -28,6 +28,7 @@ from ctu.distributed.pool import (
     NamedTensors,
     ResultsEngine,
     RolloutPool,
+    RunsCancelled,
     ScoreFn,
     SpecKey,
     contiguous_chunks,
@@ -168,6 +169,9 @@ class RolloutWorker:
 
         return asyncio.run(self.engine.generate(prompts, params))
 
+    def frees_memory_asleep(self) -> bool:
+        return bool(getattr(self.engine, "sleep_mode", False))
+
     def sleep(self) -> None:
         self.engine.sleep()
 
@@ -218,6 +222,7 @@ class RayPool(RolloutPool):
         # version) or None], and the newest version; set as one (the box is a list: Ray passes refs in it unresolved)
         self.latest: tuple = (None, -1)
         self.reruns = 0  # chunks re-run after a worker died (all calls)
+        self._cancel = threading.Event()  # cancel_runs: every call cancels its chunks and raises
         if start_timeout_s is None:
             start_timeout_s = config.distributed.start_timeout_s
         try:
@@ -272,7 +277,17 @@ class RayPool(RolloutPool):
 
         pending = {submit(k): (k, 0) for k in chunks}
         while pending:
-            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            if not ready:
+                if self._cancel.is_set():  # the run is ending: the workers are killed after
+                    for left in pending:
+                        try:
+                            ray.cancel(left)
+                        except Exception:  # noqa: BLE001 - a task Ray cannot cancel ends with its worker
+                            pass
+                    raise RunsCancelled("rollout call cancelled: the run is ending")
+                continue
+            (ref,) = ready
             k, attempt = pending.pop(ref)
             a, b = chunks[k]
             try:
@@ -374,6 +389,12 @@ class RayPool(RolloutPool):
         from ctu.engines.checks.fingerprint import Fingerprint
 
         return [Fingerprint.of(f) for f in self._broadcast("fingerprint")]
+
+    def frees_memory_asleep(self) -> bool:
+        return any(self._broadcast("frees_memory_asleep"))
+
+    def cancel_runs(self) -> None:
+        self._cancel.set()
 
     def sleep(self) -> None:
         self._broadcast("sleep")
