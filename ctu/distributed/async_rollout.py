@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import queue
 import threading
 import time
@@ -279,7 +280,8 @@ class RolloutProducer:
                 if index is not None:
                     task = asyncio.create_task(self._group(index, self.draw(), gate))
                     tasks.add(task)
-                    task.add_done_callback(lambda t, i=index: self._finished(t, i, tasks, failure))
+                    task.add_done_callback(functools.partial(self._finished, index=index, tasks=tasks,
+                                                             failure=failure))
                     continue
                 self._wake.clear()
                 if self.stopping:

@@ -170,10 +170,12 @@ def test_an_engine_that_keeps_its_old_weights_stops_the_run(tmp_path, cpu_only, 
 def test_partial_rollouts_keep_the_staleness_bound(tmp_path, cpu_only, monkeypatch, mode):
     """The in-process hf engine (the quickstart's placement). trainer.inflight=abort|continue: a load stops the
     producer's generation calls at a token boundary (the engine's own test pins the tokens and logprobs); the run
-    trains as before, every token within k versions. Here each load after the first waits (up to 10 s) until a
+    trains as before, every token within k versions. Here the engine decodes a token each 30 ms (tiny-random alone
+    would finish the groups ahead before the update ends) and each load after the first waits (up to 10 s) until a
     generation call is decoding, so there is one to stop; finish: the call ends first, nothing is stopped."""
     from ctu.engines.hf.engine import HFEngine
 
+    monkeypatch.setattr("ctu.engines.cpu.cpu_share.pace", lambda share: time.sleep(0.03))
     real = HFEngine.update_weights
 
     def when_decoding(self, named_tensors, version=None):
