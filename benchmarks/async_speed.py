@@ -37,7 +37,7 @@ def idle_fractions(m: dict) -> tuple[float, float]:
     if "async" in m:
         return m["async"]["trainer_idle_fraction"], m["async"]["engine_idle_fraction"]
     step = max(1e-9, tm["step_s"])
-    return tm["rollout_s"] / step, (tm["update_s"] + tm["sync_s"]) / step
+    return tm["rollout_s"] / step, tm["update_s"] / step  # update_s ends after the sync: it holds sync_s
 
 
 def run_mode(args, k: int, inflight: str, user: list[str]) -> dict:
