@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the ctu of this checkout, not an installed one
 from learning_curve import snapshot, success  # noqa: E402
 from slow_user_server import serve  # noqa: E402
 
