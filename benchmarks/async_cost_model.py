@@ -38,7 +38,7 @@ from ctu.app.async_loop import AsyncRollouts
 from ctu.app.sync_loop import TrainingRewards, collect_now
 from ctu.app.task_sampler import TaskSampler
 from ctu.config.schema import load_config
-from ctu.distributed.async_rollout import AsyncPool
+from ctu.distributed.async_pool import AsyncPool
 from ctu.distributed.pool import LocalPool
 from ctu.domains import get_domain
 from ctu.engines.base import Completion, Engine, SamplingParams
@@ -155,10 +155,11 @@ def run_mode(chat, costs: Costs, gpus: int, placement: str, k: int, steps: int, 
                                 f"env.max_turns={costs.turns + 1}", "sampling.max_tokens=8",
                                 f"trainer.inflight={inflight}"])
     engine = CostEngine(chat, costs, engine_gpus, inflight)
+    engine.sleep_mode = placement == "colocated"  # it frees its GPU through the update (ctu train refuses k > 0 there)
     inner = LocalPool(engine, chat, LatencyUser(costs, 0), RolloutLimits(max_turns=costs.turns + 1),
                       concurrency=4096, max_batch_size=4096)
     pool = AsyncPool(inner) if k else inner
-    trainer = SimpleNamespace(config=config, step=0, pool=pool, sampler=TaskSampler([get_domain("mini")], [1.0], seed=0),
+    trainer = SimpleNamespace(config=config, step=0, pool=pool, sync=SimpleNamespace(version=0), sampler=TaskSampler([get_domain("mini")], [1.0], seed=0),
                               rewards=lambda b: TrainingRewards(tuple(0.0 for _ in b), tuple(float(t.sample) for t in b)))
     trainer._rollout = lambda specs, temperature, seed: pool.run(specs, SamplingParams(temperature=temperature,
                                                                                       seed=seed), seed)

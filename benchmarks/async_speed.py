@@ -4,7 +4,7 @@ steps — with a user simulator whose replies take 1-2 s (an OpenAI-compatible s
 ``benchmarks/slow_user_server.py``) or with the scripted user.
 
     python benchmarks/async_speed.py --cache runs/levers/ws10_s0_fp32.pt --steps 3 --staleness 0 1 2 \
-        --user slow --out runs/async_speed
+        --inflight finish continue --user slow --out runs/async_speed
 
 Every mode starts from the same cached warm start (``benchmarks/rl_levers.py --cache`` writes it; absent, it is
 made here) and runs ``ctu train``'s own ``train_step``; k > 0 adds ``trainer.tis_cap`` (the behaviour-policy
@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the ctu of this checkout, not an installed one
 from learning_curve import snapshot, success  # noqa: E402
 from slow_user_server import serve  # noqa: E402
 
@@ -37,12 +38,13 @@ def idle_fractions(m: dict) -> tuple[float, float]:
     if "async" in m:
         return m["async"]["trainer_idle_fraction"], m["async"]["engine_idle_fraction"]
     step = max(1e-9, tm["step_s"])
-    return tm["rollout_s"] / step, (tm["update_s"] + tm["sync_s"]) / step
+    return tm["rollout_s"] / step, tm["update_s"] / step  # update_s ends after the sync: it holds sync_s
 
 
-def run_mode(args, k: int, user: list[str]) -> dict:
-    out = Path(args.out) / f"k{k}_{args.user}"
-    extra = [f"trainer.max_staleness={k}", *([f"trainer.tis_cap={args.tis_cap}"] if k else [])]
+def run_mode(args, k: int, inflight: str, user: list[str]) -> dict:
+    out = Path(args.out) / f"k{k}_{inflight}_{args.user}"
+    extra = [f"trainer.max_staleness={k}", f"trainer.inflight={inflight}",
+             *([f"trainer.tis_cap={args.tis_cap}"] if k else [])]
     config = load_config(args.config, [f"run.dir={out}", "run.overwrite=true", "trainer.eval_before_train=false",
                                        *user, *extra, *args.overrides])
     trainer = Trainer(config)
@@ -53,12 +55,12 @@ def run_mode(args, k: int, user: list[str]) -> dict:
             trainer.policy.model.load_state_dict(state["model"])
             trainer.policy.load_reference_state(state["rebased"])
             del state
+            trainer.sync.base_changed = True
+            trainer.sync_weights()  # version 0: the warm start's weights
         else:
-            trainer.warm_start()
+            trainer.warm_start()  # synced as version 0
             cache.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"model": snapshot(trainer), "rebased": trainer.policy.reference_state()}, cache)
-        trainer.sync.base_changed = True
-        trainer.sync_weights()
         steps = []
         began = time.perf_counter()
         for _ in range(args.steps):
@@ -69,19 +71,23 @@ def run_mode(args, k: int, user: list[str]) -> dict:
                    "update_s": m["timing"]["update_s"], "sync_s": m["timing"]["sync_s"],
                    "reward": m["rollout"]["reward"], "trainer_idle": t_idle, "engine_idle": e_idle,
                    "staleness_mean": m.get("async", {}).get("staleness_mean", 0.0),
-                   "dropped_groups": m.get("async", {}).get("dropped_groups", 0)}
+                   "dropped_groups": m.get("async", {}).get("dropped_groups", 0),
+                   "cancelled_groups": m.get("async", {}).get("cancelled_groups", 0),
+                   "update_tokens": m.get("async", {}).get("update_tokens", 0),
+                   "interrupted_rows": m.get("async", {}).get("interrupted_rows", 0)}
             steps.append(row)
-            print(f"k={k} {args.user} step {trainer.step}: {row['step_s']:.0f}s (rollout/wait {row['rollout_s']:.0f}s, "
-                  f"update {row['update_s']:.0f}s), reward {row['reward']:.3f}, trainer idle {t_idle:.2f}, engine "
-                  f"idle {e_idle:.2f}, staleness {row['staleness_mean']:.2f}, dropped {row['dropped_groups']}",
-                  flush=True)
+            print(f"k={k} {inflight} {args.user} step {trainer.step}: {row['step_s']:.0f}s (rollout/wait "
+                  f"{row['rollout_s']:.0f}s, update {row['update_s']:.0f}s), reward {row['reward']:.3f}, trainer idle "
+                  f"{t_idle:.2f}, engine idle {e_idle:.2f}, staleness {row['staleness_mean']:.2f}, dropped "
+                  f"{row['dropped_groups']}, cancelled {row['cancelled_groups']}, tokens during the update "
+                  f"{row['update_tokens']}, rows cut {row['interrupted_rows']}", flush=True)
         train_s = time.perf_counter() - began
         held_out = success(trainer, f"step_{trainer.step}") if args.eval else None
     finally:
         trainer.pool.close()
         trainer.group.close()
         trainer.lock.release()
-    result = {"k": k, "user": args.user, "steps": steps, "train_s": train_s,
+    result = {"k": k, "inflight": inflight, "user": args.user, "steps": steps, "train_s": train_s,
               "steps_per_hour": 3600 * len(steps) / train_s,
               "trainer_idle": sum(s["trainer_idle"] * s["step_s"] for s in steps) / train_s,
               "engine_idle": sum(s["engine_idle"] * s["step_s"] for s in steps) / train_s,
@@ -100,6 +106,8 @@ def main() -> None:
     ap.add_argument("--user", choices=["slow", "scripted"], default="slow")
     ap.add_argument("--latency", type=float, nargs=2, default=(1.0, 2.0))
     ap.add_argument("--tis-cap", type=float, default=2.0)
+    ap.add_argument("--inflight", nargs="+", default=["finish"], choices=["finish", "abort", "continue"],
+                    help="trainer.inflight at k > 0 (partial rollouts: abort or continue); k = 0 runs finish")
     ap.add_argument("--no-eval", dest="eval", action="store_false", help="skip the held-out evaluation")
     ap.add_argument("--out", required=True)
     ap.add_argument("overrides", nargs="*")
@@ -110,19 +118,21 @@ def main() -> None:
         server, url, _ = serve([get_domain("mini")], latency=tuple(args.latency))
         user = ["user.kind=llm", f"user.base_url={url}", "user.model=slow-user"]
     try:
-        results = [run_mode(args, k, user) for k in args.staleness]
+        modes = [(k, m) for k in args.staleness for m in (["finish"] if k == 0 else args.inflight)]
+        results = [run_mode(args, k, m, user) for k, m in modes]
     finally:
         if server is not None:
             server.shutdown()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"results_{args.user}.json").write_text(json.dumps(results, indent=1))
     base = results[0]["steps_per_hour"]
-    print("\n| k | user | steps/hour | speed-up | rollout (wait) s | update s | trainer idle | engine idle | held-out |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| k | inflight | user | steps/hour | speed-up | rollout (wait) s | update s | trainer idle | engine idle "
+          "| held-out |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         h = r["held_out"]
         held = "-" if h is None else f"{h['success']:.3f} {h['ci']}"
-        print(f"| {r['k']} | {r['user']} | {r['steps_per_hour']:.1f} | {r['steps_per_hour'] / base:.2f}x | "
+        print(f"| {r['k']} | {r['inflight']} | {r['user']} | {r['steps_per_hour']:.1f} | {r['steps_per_hour'] / base:.2f}x | "
               f"{r['phase_s']['rollout_s']:.0f} | {r['phase_s']['update_s']:.0f} | {r['trainer_idle']:.2f} | "
               f"{r['engine_idle']:.2f} | {held} |")
 

@@ -5,8 +5,8 @@ one step's groups from it: groups are taken in the order they finish; a group wh
 than k versions older than the weights the step updates is dropped and counted (:func:`ctu.rl.staleness.is_fresh`);
 the step trains on ``trainer.tasks_per_step`` fresh groups (with dynamic sampling: informative ones, taking at most
 ``tasks_per_step x (1 + dynamic_sampling_max_draws)`` fresh groups, as the synchronous loop draws at most that many).
-Each step's ``async/*`` metrics say how stale its tokens were, what was dropped and how long trainer and engine
-waited.
+Each step's ``async/*`` metrics say how stale its tokens were, what was dropped or cancelled, how many tokens were
+sampled while the step's update ran and how long trainer and engine waited.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 
 from ctu.app.sync_loop import TrainingRewards
-from ctu.distributed.async_rollout import AsyncPool, RolloutProducer, async_capacity, group_seed
+from ctu.distributed.async_pool import AsyncPool
+from ctu.distributed.async_rollout import RolloutProducer, group_seed
 from ctu.observe.metrics import mean
 from ctu.rl.advantages import informative_groups
 from ctu.rl.staleness import is_fresh, min_version, token_staleness
@@ -33,28 +34,29 @@ class AsyncRollouts:
 
     @classmethod
     def of(cls, trainer) -> AsyncRollouts | None:
-        """For ``trainer.max_staleness > 0`` (else None), once the trainer's pool and sync exist: the separate
-        engine gets the policy's weights now, stamped version 0."""
+        """For ``trainer.max_staleness > 0`` (else None), once the trainer's pool and sync exist."""
         if not trainer.config.trainer.max_staleness:
             return None
-        trainer.sync_weights()
         return cls(trainer)
 
     def _producer(self) -> RolloutProducer:
-        """Built at the first step: after the warm start and any resume synced the engine (the version stamps).
-        Episodes in this process are played by the producer on the pool's engine; elsewhere (rollout workers, an
-        agent program) the pool plays each group (:meth:`AsyncPool.play`)."""
+        """Built at the first step, after the warm start or a resume synced the engines; where neither did, the
+        weights they hold are sent now as the version the step trains (each version names one set of weights: a
+        warm start's are not stamped like the base's). Episodes in this process are played by the producer on the
+        pool's engine; elsewhere (rollout workers, an agent program) the pool plays each group (:meth:`AsyncPool.play`)."""
         if self.producer is None:
             tr = self.trainer
             cfg, t = tr.config, tr.config.trainer
             pool: AsyncPool = tr.pool
             here = pool.inner.episodes_in_process
             first_step = tr.step
+            if tr.sync.version < first_step - 1:  # nothing synced yet: the initial weights, version step - 1
+                tr.sync.after_update(first_step - 1)
             self.producer = RolloutProducer(
                 pool.engine if here else None, getattr(pool.inner, "chat", None), getattr(pool.inner, "user", None),
                 getattr(pool.inner, "limits", None), build.sampling_params(cfg, cfg.sampling.temperature),
                 draw=lambda: tr.sampler.sample(1)[0], samples_per_task=t.samples_per_task,
-                capacity=async_capacity(t.max_staleness, t.tasks_per_step),
+                max_staleness=t.max_staleness, tasks_per_step=t.tasks_per_step, step=first_step,
                 seed=lambda index: group_seed(cfg.run.seed, first_step, index),
                 concurrency=getattr(pool.inner, "concurrency", 64),
                 max_batch_size=getattr(pool.inner, "max_batch_size", cfg.engine.max_batch_size),
@@ -68,6 +70,8 @@ class AsyncRollouts:
         tr = self.trainer
         t, step = tr.config.trainer, tr.step
         producer = self._producer()
+        producer.at_step(step)
+        cancelled = producer.cancelled
         trajectories, groups, env, shaped, chosen = [], [], [], [], []
         dropped = dropped_episodes = taken = 0
         waited = 0.0
@@ -83,6 +87,7 @@ class AsyncRollouts:
                                    "unknown; use an engine that stamps versions or trainer.max_staleness=0")
             if not is_fresh(group.trajectories, step, t.max_staleness):
                 dropped, dropped_episodes = dropped + 1, dropped_episodes + len(group.trajectories)
+                producer.give_up()
                 continue
             taken += 1
             batch = group.trajectories
@@ -96,22 +101,28 @@ class AsyncRollouts:
             scored = [i for i, e in enumerate(batch) if e.stop_reason != "error"]
             if not t.dynamic_sampling or informative_groups([rewards.shaped[i] for i in scored], [gid] * len(scored)):
                 chosen.append(gid)
+        producer.give_up(taken - len(chosen))  # taken by dynamic sampling, not trained on: others may start
         if step >= t.max_steps:  # nothing more will be trained on: the episodes in flight are cancelled
             producer.stop()
         kept = set(chosen)
         trained = [e for e, g in zip(trajectories, groups, strict=True) if g in kept]
         staleness = token_staleness(trained, step)
         self.stats = {"dropped_groups": dropped, "dropped_episodes": dropped_episodes,
+                      "cancelled_groups": producer.cancelled - cancelled,
                       "staleness_mean": mean(staleness), "staleness_max": max(staleness, default=0),
                       "trainer_wait_s": waited, "groups_in_flight": producer.running,
                       "groups_queued": producer.done.qsize()}
         extra = taken - len(chosen) if t.dynamic_sampling else 0
         return trajectories, groups, TrainingRewards(tuple(env), tuple(shaped)), set(chosen), extra
 
-    def step_metrics(self, step_s: float) -> dict[str, float]:
-        """This step's ``async/*`` metrics, ``step_s`` its wall time: staleness and drops, and how long trainer and
-        engine waited (engine idle: the step's wall time outside engine calls)."""
+    def step_metrics(self, step_s: float, update: tuple[float, float] | None = None) -> dict[str, float]:
+        """This step's ``async/*`` metrics, ``step_s`` its wall time, ``update`` its update's (start, end) in
+        ``time.perf_counter``: staleness and drops, tokens sampled while the update ran (``update_tokens``: the
+        overlap asynchronous RL is for), and how long trainer and engine waited (engine idle: the step's wall time
+        outside engine calls; trainer idle: waiting for groups)."""
         busy = self.producer.engine_seconds() if self.producer is not None else 0.0
+        if update is not None and self.producer is not None:
+            self.stats["update_tokens"] = self.producer.sampled_between(*update)
         engine_busy, self._engine_mark = busy - self._engine_mark, busy
         cut = getattr(getattr(self.trainer.pool, "engine", None), "interrupted_rows", None)  # trainer.inflight
         if isinstance(cut, int):

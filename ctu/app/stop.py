@@ -56,6 +56,9 @@ class StopSignals:
 
     def _handle(self, signum: int, frame) -> None:
         if self.received is not None:  # the second: the default action, now
+            from ctu.distributed.agent_pool import kill_live_agents
+
+            kill_live_agents()  # agents run in sessions of their own: the signal's default action would miss them
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return

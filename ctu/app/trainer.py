@@ -148,8 +148,12 @@ class Trainer:
             else:
                 self.pool = LocalPool.from_config(config, self.engine, self.chat, self.user, judge=self.judge)
         if config.trainer.max_staleness:  # a background producer beside any pool (docs/async.md)
-            from ctu.distributed.async_rollout import AsyncPool
+            from ctu.distributed.async_pool import AsyncPool, sleep_refusal
 
+            if problem := sleep_refusal(self.pool, config.trainer.max_staleness):  # nothing could overlap updates
+                self.pool.close()
+                self.group.close()
+                raise ConfigError(problem)
             self.pool = AsyncPool(self.pool)
         self.sync = WeightSync(config, self.group, self.pool)
         warm = config.trainer.sft_steps > 0 and config.trainer.resume is None
@@ -239,6 +243,7 @@ class Trainer:
         excluded = [tr.stop_reason == "error" or g not in chosen for tr, g in zip(trajectories, groups, strict=True)]
         update_started = time.perf_counter()
         self.sync.before_update()  # a colocated engine sleeps from here: the KL scoring below is trainer work too
+        work_started = time.perf_counter()  # async: what the engines sample from here overlaps the trainer's work
         kl_penalties = [0.0] * len(trajectories)
         if t.kl_coef > 0 and t.kl_in_reward:  # KL in the reward: r - kl_coef * KL(episode)
             every = [to_sample(tr.prompt_ids, tr.response_ids, tr.loss_mask, tr.logprobs, 0.0) for tr in trajectories]
@@ -285,7 +290,7 @@ class Trainer:
             "timing": timing,
         }
         if self.rollouts is not None:
-            metrics["async"] = self.rollouts.step_metrics(timing["step_s"])
+            metrics["async"] = self.rollouts.step_metrics(timing["step_s"], (work_started, time.perf_counter()))
         return {"metrics": metrics, "trajectories": trajectories}
 
     def replay_demos(self) -> list:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctu.config.redact import redact, redact_data
-from ctu.distributed.pool import LocalPool, NamedTensors, limits_of
+from ctu.distributed.pool import LocalPool, NamedTensors, RunsCancelled, limits_of
 from ctu.engines.base import Engine, SamplingParams
 from ctu.rollout.agent_proxy import AgentProxy
 from ctu.rollout.external import ExternalEpisodes
@@ -38,6 +38,21 @@ BASE_VARIABLES = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", 
                   "PYTHONPATH", "VIRTUAL_ENV")
 AGENT_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "CTU_EPISODE_ID", "CTU_EPISODE_TOKEN", "CTU_ENV_URL",
                    "CTU_MODEL", "CTU_DOMAIN", "CTU_TASK_ID")
+
+
+LIVE: dict[int, subprocess.Popen] = {}  # agent processes started and not yet reaped, by pid (kill_live_agents)
+
+
+def kill_live_agents() -> None:
+    """SIGKILL every agent process this process started and everything each started (its own session): a second
+    SIGINT/SIGTERM ends ctu at once, and agents in their own sessions would outlive it."""
+    for pid, process in list(LIVE.items()):
+        if process.poll() is None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        LIVE.pop(pid, None)
 
 
 @dataclass
@@ -69,6 +84,7 @@ class AgentRun:
             except ProcessLookupError:
                 pass
         self.process.wait()
+        LIVE.pop(self.process.pid, None)
 
 
 def last_line(path: Path, limit: int = 300) -> str:
@@ -125,6 +141,7 @@ class AgentPool(LocalPool):
         self._calls = itertools.count()
         self._slots = threading.BoundedSemaphore(max(1, concurrency))  # agents running, over overlapping calls
         self._write = threading.Lock()
+        self._cancel = threading.Event()  # cancel_runs: every call stops its agents and raises
 
     @classmethod
     def from_config(cls, config, engine: Engine, chat, user, judge=None, name: str = "") -> AgentPool:
@@ -146,6 +163,8 @@ class AgentPool(LocalPool):
         self.proxy.call(lambda: self.episodes.begin(params))
         try:
             while waiting or running:
+                if self._cancel.is_set():
+                    raise RunsCancelled(f"agent call {call} cancelled: the run is ending")
                 while waiting and self._slots.acquire(blocking=False):
                     i = waiting.popleft()
                     try:
@@ -184,6 +203,10 @@ class AgentPool(LocalPool):
             except OSError as exc:
                 self.proxy.call(self.episodes.finish(episode_id, "not started"))
                 raise OSError(f"agent.command: cannot start {self.command[0]!r}: {exc}") from None
+        LIVE[process.pid] = process
+        for pid, other in list(LIVE.items()):  # the reaped ones go
+            if other.returncode is not None:
+                LIVE.pop(pid, None)
         return AgentRun(episode_id, process, log_path, time.monotonic())
 
     def _finish(self, agent: AgentRun, error: str | None, judge, call: int) -> Trajectory:
@@ -205,6 +228,9 @@ class AgentPool(LocalPool):
             fcntl.flock(f, fcntl.LOCK_EX)  # rollout workers on one machine append to the same file: whole lines
             f.write(line)
         return trajectory
+
+    def cancel_runs(self) -> None:
+        self._cancel.set()
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
         super().update_weights(named_tensors, version)

@@ -3,9 +3,13 @@ trainer updates.
 
 :class:`RolloutProducer` runs in a thread with its own asyncio loop. It draws one task at a time and plays a
 *group* (``trainer.samples_per_task`` episodes of that task, drawn together) through one shared
-:class:`~ctu.rollout.loop.GenerationBatcher`, so episodes of different groups share engine batches. It keeps at most
-``capacity`` groups started and not yet taken by the trainer (:func:`async_capacity`: k steps' worth); the trainer
-takes finished groups in the order they finish (:meth:`RolloutProducer.take`).
+:class:`~ctu.rollout.loop.GenerationBatcher`, so episodes of different groups share engine batches. Admission: while
+the trainer collects or updates step ``s`` it starts a group only while fewer than ``(k + s) x tasks_per_step``
+groups are started and not given up (:func:`admitted`; given up: dropped as too old, or taken and not trained on),
+so every group it starts would be trained within the bound if groups were taken in the order they start. The trainer
+takes them in the order they finish (:meth:`RolloutProducer.take`): a group overtaken far enough is too old by then;
+one played here is cancelled as soon as the next step may no longer train on it (nothing beyond the bound is
+generated), one a pool plays elsewhere is dropped when it comes back. Both are counted.
 
 In-flight episodes at an update: they go on, and their next turns sample from the new weights. The engine's lock
 makes a generation call and a weight load mutually exclusive (a batch never mixes weights), and every completion
@@ -15,24 +19,24 @@ may train on is decided by those stamps (:mod:`ctu.rl.staleness`), not by when a
 Where episodes run: in this process (the producer plays them through one batcher on the pool's engine, so groups
 share engine batches), or wherever the pool runs them (:class:`~ctu.distributed.ray_pool.RayPool` workers, each
 with its engine and weights loaded by version; :class:`~ctu.distributed.agent_pool.AgentPool`, the user's agent program):
-the producer then hands each group to the pool as one call (:meth:`AsyncPool.play`). :class:`AsyncPool` wraps any
-pool with the producer beside it: an evaluation (``run``) first lets the producer's in-flight groups finish and
-starts nothing new until it is done; a sleeping engine gets no generation; ``close`` stops the producer.
+the producer then hands each group to the pool as one call (:meth:`~ctu.distributed.async_pool.AsyncPool.play`).
+:class:`~ctu.distributed.async_pool.AsyncPool` wraps any pool with the producer beside it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from ctu.distributed.busy import BusyClock
-from ctu.distributed.pool import NamedTensors, RolloutPool
 from ctu.engines.base import Engine, SamplingParams
 from ctu.rollout.loop import EpisodeSpec, GenerationBatcher, RolloutLimits, Trajectory, run_episode
 
@@ -41,11 +45,12 @@ Draw = Callable[[], tuple]  # () -> (domain, task): the next training task
 Player = Callable[[Sequence[EpisodeSpec], SamplingParams, int], Awaitable[Sequence[Trajectory]]]
 
 
-def async_capacity(max_staleness: int, tasks_per_step: int) -> int:
-    """Groups the producer may have started and not handed over: k steps' worth. A group started while the trainer
-    holds version v is taken by step v + k + 1 at the latest when each step takes at least ``tasks_per_step`` groups
-    in the order they start; groups overtaken by faster ones can be older and are dropped by the staleness filter."""
-    return max(1, max_staleness * tasks_per_step)
+def admitted(max_staleness: int, tasks_per_step: int, step: int) -> int:
+    """How many groups (started, not given up) the producer may have started while the trainer is at ``step``:
+    ``(k + step) x tasks_per_step``. Steps 1..step-1 trained ``(step - 1) x tasks_per_step`` of them; the rest are
+    step ``step``'s and the next k steps'. A group started at ``step`` samples from version ``step - 1`` or newer
+    and, taken in start order, is trained by step ``step + k`` (staleness ``k``, :mod:`ctu.rl.staleness`)."""
+    return max(1, (max_staleness + step) * tasks_per_step)
 
 
 def group_seed(run_seed: int, first_step: int, index: int) -> int:
@@ -83,28 +88,58 @@ class Group:
     seconds: float
 
 
+class Tally(Engine):
+    """The engine the producer's batcher calls: the same engine, each call's end and sampled tokens noted (what
+    overlapped an update, :meth:`RolloutProducer.sampled_between`)."""
+
+    def __init__(self, engine: Engine, note: Callable[[int], None]):
+        self.inner, self.note = engine, note
+
+    async def generate(self, prompts, params, seeds=None):
+        out = await self.inner.generate(prompts, params, seeds)
+        self.note(sum(len(c.token_ids) for row in out for c in row))
+        return out
+
+    def update_weights(self, named_tensors, version=None) -> None:
+        self.inner.update_weights(named_tensors, version)
+
+    def release(self, token_ids) -> None:
+        self.inner.release(token_ids)
+
+
 class RolloutProducer:
-    """Samples groups in a background thread; the trainer takes them with :meth:`take`."""
+    """Samples groups in a background thread; the trainer takes them with :meth:`take`.
+
+    ``max_staleness`` and ``tasks_per_step`` bound what it starts (:func:`admitted`); the trainer says where it is
+    with :meth:`at_step` (the step that trains on the weights the engines hold now) and gives groups up with
+    :meth:`give_up`."""
 
     def __init__(self, engine: Engine | None, chat, user, limits: RolloutLimits | None, params: SamplingParams, *,
-                 draw: Draw, samples_per_task: int, capacity: int, seed: Callable[[int], int], concurrency: int = 64,
-                 max_batch_size: int = 64, player: Player | None = None):
+                 draw: Draw, samples_per_task: int, max_staleness: int, tasks_per_step: int, step: int,
+                 seed: Callable[[int], int], concurrency: int = 64, max_batch_size: int = 64,
+                 player: Player | None = None):
         self.engine, self.chat, self.user, self.limits, self.params = engine, chat, user, limits, params
-        self.draw, self.samples_per_task, self.capacity, self.seed = draw, samples_per_task, capacity, seed
+        self.draw, self.samples_per_task, self.seed = draw, samples_per_task, seed
+        self.max_staleness, self.tasks_per_step = max_staleness, tasks_per_step
         self.concurrency, self.max_batch_size = concurrency, max_batch_size
         self.player = player  # None: episodes played here, through one shared batcher on ``engine``
         self.groups_busy = BusyClock()  # while a player played any group (its engines' own busy time is not seen)
         self.done: queue.Queue = queue.Queue()  # finished Groups (or the exception that stopped the producer)
         self._cond = threading.Condition()
+        self.step = step  # the step that trains on the engines' weights (it collects now, or next)
         self.started = 0  # groups started
+        self.given_up = 0  # groups dropped as too old or taken and not trained on: they free their admission
+        self.cancelled = 0  # groups played here stopped once the next step could no longer train on them
         self.taken = 0  # groups handed to the trainer
         self.running = 0  # groups in flight
         self.paused = 0  # pause() calls not yet resumed
         self.stopping = False
+        self.sampled: deque[tuple[float, int]] = deque(maxlen=1 << 16)  # (time, tokens) of each engine call or player group that ended
         self.batcher: GenerationBatcher | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
+        self._tasks: dict[int, tuple[asyncio.Task, int | None]] = {}  # groups played here: (task, started version)
 
     # -- the trainer's side ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -124,6 +159,20 @@ class RolloutProducer:
         self._poke()
         return item
 
+    def at_step(self, step: int) -> None:
+        """The engines hold the weights step ``step`` trains on (version ``step - 1``): admission grows, and groups
+        played here that step ``step`` may not train on (started on weights older than ``step - 1 - k``) are
+        cancelled."""
+        with self._cond:
+            self.step = max(self.step, step)
+        self._poke()
+
+    def give_up(self, groups: int = 1) -> None:
+        """``groups`` taken groups will not be trained on (too old, or not informative): others may start."""
+        with self._cond:
+            self.given_up += groups
+        self._poke()
+
     def engine_seconds(self) -> float:
         """Wall time spent inside engine calls so far (the engine's busy time); with a player (rollout workers,
         agents), the time in which any group was played (overlapping groups counted once): their engines are
@@ -131,6 +180,11 @@ class RolloutProducer:
         if self.player is not None:
             return self.groups_busy.seconds()
         return 0.0 if self.batcher is None else self.batcher.model_seconds
+
+    def sampled_between(self, start: float, end: float) -> int:
+        """Tokens sampled by engine calls that ended in ``[start, end]`` (``time.perf_counter``); with a player,
+        the response tokens of the groups that came back then."""
+        return sum(n for t, n in list(self.sampled) if start <= t <= end)
 
     def pause(self) -> None:
         """Start no group and wait until the groups in flight have finished (they stay queued for the trainer).
@@ -154,12 +208,20 @@ class RolloutProducer:
             self.resume()
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Cancel the episodes in flight and end the thread (the engine call running finishes first)."""
+        """Cancel the groups in flight and end the thread (an engine call running finishes first); raises where
+        the thread is still alive after ``timeout`` seconds."""
         with self._cond:
             self.stopping = True
         self._poke()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                raise RuntimeError(f"the rollout producer did not stop within {timeout:g}s: a group it started is "
+                                   "still running")
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     # -- the producer's thread ------------------------------------------------------------------------------------
     def _poke(self) -> None:
@@ -170,9 +232,28 @@ class RolloutProducer:
             except RuntimeError:  # the loop just closed
                 pass
 
-    def _may_start(self) -> bool:
+    def _claim(self) -> int | None:
+        """The index of a group that may start now, counted as started and running in the same hold of the
+        condition (a :meth:`pause` never returns while a group it did not see starts); None: none may."""
         with self._cond:
-            return not (self.paused or self.stopping) and self.started - self.taken < self.capacity
+            room = admitted(self.max_staleness, self.tasks_per_step, self.step)
+            if self.paused or self.stopping or self.started - self.given_up >= room:
+                return None
+            index = self.started
+            self.started += 1
+            self.running += 1
+            return index
+
+    def _note(self, tokens: int) -> None:
+        self.sampled.append((time.perf_counter(), tokens))
+
+    def _cancel_stale(self) -> None:
+        """Cancel the groups played here that the next step may not train on (their first tokens are older than
+        its oldest allowed version): they would only be dropped."""
+        oldest = self.step - 1 - self.max_staleness
+        for task, version in list(self._tasks.values()):
+            if version is not None and 0 <= version < oldest and not task.done():
+                task.cancel()
 
     def _main(self) -> None:
         try:
@@ -190,23 +271,22 @@ class RolloutProducer:
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         if self.player is None:
             assert self.engine is not None  # no player: episodes are played here, on this engine
-            self.batcher = GenerationBatcher(self.engine, self.max_batch_size)
+            self.batcher = GenerationBatcher(Tally(self.engine, self._note), self.max_batch_size)
         gate = asyncio.Semaphore(max(1, self.concurrency))
         tasks: set[asyncio.Task] = set()
         failure: list[BaseException] = []
         try:
             while not self.stopping and not failure:
-                if self._may_start():
-                    index = self.started
-                    with self._cond:
-                        self.started += 1
-                        self.running += 1
+                self._cancel_stale()
+                index = self._claim()
+                if index is not None:
                     task = asyncio.create_task(self._group(index, self.draw(), gate))
                     tasks.add(task)
-                    task.add_done_callback(lambda t: self._finished(t, tasks, failure))
+                    task.add_done_callback(functools.partial(self._finished, index=index, tasks=tasks,
+                                                             failure=failure))
                     continue
                 self._wake.clear()
-                if self._may_start() or self.stopping:
+                if self.stopping:
                     continue
                 await self._wake.wait()
             if failure:
@@ -218,10 +298,14 @@ class RolloutProducer:
             if self.batcher is not None:
                 self.batcher.close()
 
-    def _finished(self, task: asyncio.Task, tasks: set, failure: list) -> None:
+    def _finished(self, task: asyncio.Task, index: int, tasks: set, failure: list) -> None:
         tasks.discard(task)
+        self._tasks.pop(index, None)
         with self._cond:
             self.running -= 1
+            if task.cancelled() and not self.stopping:  # too old for the next step: it frees its admission
+                self.cancelled += 1
+                self.given_up += 1
             self._cond.notify_all()
         if not task.cancelled() and task.exception() is not None:
             failure.append(task.exception())
@@ -239,10 +323,14 @@ class RolloutProducer:
                 trajectories = list(await self.player(specs, params, seed))
             finally:
                 seconds = self.groups_busy.end(started)
+            self._note(sum(sum(t.loss_mask) for t in trajectories))
             self.done.put(Group(index, trajectories, None, seconds))
             return
         assert self.engine is not None and self.batcher is not None and self.limits is not None  # played here
         started, version = time.perf_counter(), self.engine.weights_version
+        current = asyncio.current_task()
+        assert current is not None
+        self._tasks[index] = (current, version)
         batcher, limits = self.batcher, self.limits
 
         async def one(i: int) -> Trajectory:
@@ -252,75 +340,3 @@ class RolloutProducer:
 
         trajectories = list(await asyncio.gather(*(one(i) for i in range(self.samples_per_task))))
         self.done.put(Group(index, trajectories, version, time.perf_counter() - started))
-
-
-class AsyncPool(RolloutPool):
-    """Any rollout pool with a :class:`RolloutProducer` beside it (``producer`` is set by whoever builds it):
-    the same interface, so the trainer's loop does not know which placement it drives.
-
-    What the producer must not overlap: an evaluation (``run``: the producer starts nothing new and lets its
-    groups in flight finish first), an engine's sleep (``sleep`` pauses the producer before the engines free
-    their memory, ``wake_up`` resumes it after), and the end (``close`` stops the producer before the workers
-    go). Weight loads and parity probes go straight to the pool: the engines' own locks order them with
-    generation, and every token keeps the version that sampled it."""
-
-    def __init__(self, inner: RolloutPool):
-        self.inner = inner
-        self.producer: RolloutProducer | None = None
-        self._sleeping = False
-
-    def __getattr__(self, name: str):  # engine, chat, user, limits, concurrency, ... of the pool it wraps
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    @property
-    def num_workers(self) -> int:
-        return self.inner.num_workers
-
-    def run(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int, judge_enabled: bool = False,
-            on_done=None) -> list[Trajectory]:
-        if self.producer is None:
-            return self.inner.run(specs, params, seed, judge_enabled, on_done)
-        with self.producer.quiet():  # the engines and the user simulator serve the evaluation alone
-            return self.inner.run(specs, params, seed, judge_enabled, on_done)
-
-    def play(self, specs: Sequence[EpisodeSpec], params: SamplingParams, seed: int) -> Awaitable[list[Trajectory]]:
-        """The producer's :data:`Player` for pools whose episodes run elsewhere (rollout workers, agent
-        processes): one group as a synchronous call of the wrapped pool, in a thread; whole on one Ray worker
-        where the pool can (``play_group``: :mod:`ctu.distributed.group_play`)."""
-        return asyncio.to_thread(getattr(self.inner, "play_group", self.inner.run), specs, params, seed)
-
-    def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        self.inner.update_weights(named_tensors, version)
-
-    def update_adapter(self, named_tensors: NamedTensors, version: int) -> None:
-        self.inner.update_adapter(named_tensors, version)
-
-    def parity(self, score_fn, **kwargs) -> list[float]:
-        return self.inner.parity(score_fn, **kwargs)
-
-    def versions(self) -> list[int | None]:
-        return self.inner.versions()
-
-    def fingerprints(self) -> list:
-        return self.inner.fingerprints()
-
-    def sleep(self) -> None:
-        if self.producer is not None and not self._sleeping:
-            self.producer.pause()  # no generation may reach an engine that is freeing its memory
-            self._sleeping = True
-        self.inner.sleep()
-
-    def wake_up(self) -> None:
-        self.inner.wake_up()
-        if self._sleeping and self.producer is not None:
-            self._sleeping = False
-            self.producer.resume()
-
-    def close(self) -> None:
-        try:
-            if self.producer is not None:
-                self.producer.stop()
-        finally:
-            self.inner.close()

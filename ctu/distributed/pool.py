@@ -133,6 +133,15 @@ class RolloutPool(ABC):
         cannot tell)."""
         return [None] * self.num_workers
 
+    def frees_memory_asleep(self) -> bool:
+        """Whether :meth:`sleep` frees the engines' accelerator memory (vLLM's sleep mode on a GPU); where it does
+        not (hf, vLLM on CPU, a server without sleep mode) the engines may generate while the trainer updates."""
+        return False
+
+    def cancel_runs(self) -> None:  # noqa: B027 - optional hook
+        """End the ``run`` calls in progress soon (the end of an asynchronous run): pools whose episodes run
+        elsewhere stop them and raise :class:`RunsCancelled` from those calls."""
+
     def sleep(self) -> None:  # noqa: B027 - optional hook
         """Free accelerator memory on every engine while the trainer updates (colocated engines)."""
 
@@ -147,6 +156,10 @@ class RolloutPool(ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class RunsCancelled(RuntimeError):
+    """A ``run`` ended early by :meth:`RolloutPool.cancel_runs`."""
 
 
 class LocalPool(RolloutPool):
@@ -210,6 +223,9 @@ class LocalPool(RolloutPool):
 
     def fingerprints(self) -> list:
         return [self.engine.fingerprint()]
+
+    def frees_memory_asleep(self) -> bool:
+        return bool(getattr(self.engine, "sleep_mode", False))
 
     def sleep(self) -> None:
         self.engine.sleep()

@@ -29,6 +29,7 @@ from ctu.distributed.pool import (
     NamedTensors,
     ResultsEngine,
     RolloutPool,
+    RunsCancelled,
     ScoreFn,
     SpecKey,
     contiguous_chunks,
@@ -186,6 +187,9 @@ class RolloutWorker:
 
         return asyncio.run(self.engine.generate(prompts, params))
 
+    def frees_memory_asleep(self) -> bool:
+        return bool(getattr(self.engine, "sleep_mode", False))
+
     def sleep(self) -> None:
         self.engine.sleep()
 
@@ -239,6 +243,7 @@ class RayPool(RolloutPool):
         self.reruns = 0  # chunks re-run after a worker died (all calls)
         self.playing: dict[int, int] = {}  # worker -> the producer's groups it plays now (play_group)
         self.playing_lock = threading.Lock()
+        self._cancel = threading.Event()  # cancel_runs: every call cancels its chunks and raises
         if start_timeout_s is None:
             start_timeout_s = config.distributed.start_timeout_s
         try:
@@ -294,7 +299,17 @@ class RayPool(RolloutPool):
 
         pending = {submit(k): (k, 0) for k in chunks}
         while pending:
-            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            if not ready:
+                if self._cancel.is_set():  # the run is ending: the workers are killed after
+                    for left in pending:
+                        try:
+                            ray.cancel(left)
+                        except Exception:  # noqa: BLE001 - a task Ray cannot cancel ends with its worker
+                            pass
+                    raise RunsCancelled("rollout call cancelled: the run is ending")
+                continue
+            (ref,) = ready
             k, attempt = pending.pop(ref)
             a, b = chunks[k]
             try:
@@ -400,6 +415,12 @@ class RayPool(RolloutPool):
         from ctu.engines.checks.fingerprint import Fingerprint
 
         return [Fingerprint.of(f) for f in self._broadcast("fingerprint")]
+
+    def frees_memory_asleep(self) -> bool:
+        return any(self._broadcast("frees_memory_asleep"))
+
+    def cancel_runs(self) -> None:
+        self._cancel.set()
 
     def sleep(self) -> None:
         self._broadcast("sleep")

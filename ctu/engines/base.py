@@ -81,6 +81,7 @@ class Engine(ABC):
 
     accepts_weights: bool = True
     weights_version: int | None = None  # the policy version of the weights served (stamped by a completed sync)
+    sleep_mode: bool = False  # sleep() frees accelerator memory (vLLM's sleep mode on a GPU): no generation then
 
     @abstractmethod
     async def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,

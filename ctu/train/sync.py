@@ -116,6 +116,9 @@ class WeightSync:
         deterministic). The engines wake their weights to load them and their KV cache after (vLLM:
         ``wake_up(tags=["weights"])``, load, ``wake_up(tags=["kv_cache"])``); ``pool.wake_up()`` then wakes
         whatever still sleeps (an engine that shares the trainer's model loads nothing)."""
+        if version <= self.version:  # a version names one set of weights: engines skip or refuse one they hold
+            raise RuntimeError(f"weight sync: version {version} sent after version {self.version}; each sync needs "
+                               "a newer version")
         started = time.perf_counter()
         self.group.release_memory()  # the trainer's cached CUDA memory back before vLLM (outside torch's cache) wakes
         self.version = version

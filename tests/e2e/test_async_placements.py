@@ -1,15 +1,18 @@
 """`trainer.max_staleness=1` on every placement: one producer beside any rollout pool, one staleness rule.
 
-Each run trains 3 steps of tiny-random on mini and must record, every step, groups trained with tokens at most one
-version old and the sync's version; an evaluation mid-run pauses the producer (no episode of it is played while
-the evaluation runs); the producer and everything it started are gone when the run ends. At k = 0 no placement is
-wrapped: it is the synchronous loop, whose numbers tests/e2e/test_train_ray.py and test_train_async.py pin."""
+Each run warm-starts (one supervised step: its weights are a version of their own), trains 3 steps of tiny-random on
+mini and must record, every step, groups trained with tokens at most one version old and the sync's version, and
+tokens sampled while an update ran (the overlap asynchronous RL is for); an evaluation mid-run pauses the producer
+(no episode of it is played while the evaluation runs); the producer and everything it started are gone when the run
+ends. At k = 0 no placement is wrapped: it is the synchronous loop, whose numbers tests/e2e/test_train_ray.py and
+test_train_async.py pin."""
 
 from __future__ import annotations
 
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -25,10 +28,20 @@ AGENT = REPO / "examples" / "byo_agent" / "agent.py"
 K1 = ("trainer.max_staleness=1", "trainer.tis_cap=2.0")
 
 
+@pytest.fixture(autouse=True)
+def slow_update(monkeypatch):
+    """Each update's sync starts 0.3 s late (a slower trainer): the groups the producer may run meanwhile are
+    sampling while it waits, on any machine."""
+    from ctu.train.sync import WeightSync
+
+    real = WeightSync.after_update
+    monkeypatch.setattr(WeightSync, "after_update", lambda self, version: (time.sleep(0.3), real(self, version))[1])
+
+
 def run_k(run_dir, *extra, steps=3):
     trainer = Trainer(config(run_dir, f"trainer.max_steps={steps}", "trainer.eval_before_train=false",
-                             "trainer.export=false", "trainer.eval_max_tasks=1", "trainer.eval_interval=2", *K1,
-                             *extra))
+                             "trainer.export=false", "trainer.eval_max_tasks=1", "trainer.eval_interval=2",
+                             "trainer.sft_steps=1", *K1, *extra))
     trainer.run()
     return trainer, read_metrics(run_dir)
 
@@ -40,6 +53,7 @@ def check_async_rows(rows, steps=3):
         assert r["rollout/trained_groups"] == 2 and r["sync/version"] == r["step"]
         assert 0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= 1
         assert r["rollout/errored"] == 0
+    assert sum(r["async/update_tokens"] for r in rows) > 0  # generation ran while the trainer updated
 
 
 def no_producer_left():
@@ -119,31 +133,59 @@ def test_fsdp2_trainer_ranks(tmp_path, cpu_only, cluster):
 
 @pytest.mark.parametrize("mode", ["merged", "adapter"])
 def test_in_process_vllm(tmp_path, cpu_only, monkeypatch, mode):
-    """The colocated vLLM engine sleeps through every update: the producer pauses before it sleeps (a generation
-    on a sleeping engine raises) and resumes after it wakes."""
+    """vLLM without sleep mode (its CPU build) keeps its memory: it generates through every update. With LoRA it
+    takes each version as an adapter of its own (the warm start's is not the base's)."""
     fake_vllm.install(monkeypatch)
+    monkeypatch.setattr(fake_vllm, "SLEEP_MODE", False)
     _, rows = run_k(tmp_path / "run", "engine.kind=vllm", "model.dtype=float32", f"engine.weight_sync={mode}")
     check_async_rows(rows)
     assert no_producer_left()
 
 
+def test_an_engine_that_sleeps_to_free_the_gpu_is_refused_in_one_line(tmp_path, cpu_only, monkeypatch):
+    """vLLM's sleep mode (a GPU shared with the trainer, engine.colocated=true) frees its memory through every
+    update: nothing could overlap one, so asynchronous RL is refused before any work."""
+    from ctu.config.schema import ConfigError
+
+    fake_vllm.install(monkeypatch)
+    with pytest.raises(ConfigError, match=r"^trainer.max_staleness=1: the rollout engine sleeps .*engine.colocated=true"):
+        run_k(tmp_path / "run", "engine.kind=vllm", "model.dtype=float32")
+    assert no_producer_left()
+
+
 def test_an_engine_that_keeps_its_old_weights_stops_the_run(tmp_path, cpu_only, monkeypatch):
     """The producer's hf engine (a copy of the policy) stamps the new version but loads nothing: its own
-    fingerprint stops the run at the first sync that changed the weights."""
+    fingerprint stops the run at the first sync that changed the weights (the warm start's, version 0)."""
     from ctu.engines.checks.parity import ParityError
     from ctu.engines.hf.engine import HFEngine
 
     monkeypatch.setattr(HFEngine, "update_weights",
                         lambda self, named_tensors, version=None: (list(named_tensors), setattr(self, "weights_version", version)))
     monkeypatch.setattr("ctu.train.sync.check_parity", lambda diff, tolerance: None)  # the probe alone would catch it
-    with pytest.raises(ParityError, match=r"engine 0 acknowledged the weights of version 1 but holds other ones"):
+    with pytest.raises(ParityError, match=r"engine 0 acknowledged the weights of version 0 but holds other ones"):
         run_k(tmp_path / "run", steps=1)
 
 
-@pytest.mark.parametrize("mode", ["abort", "continue"])
-def test_partial_rollouts_keep_the_staleness_bound(tmp_path, cpu_only, mode):
-    """trainer.inflight=abort|continue: a load stops the producer's generation calls at a token boundary (the
-    engine's own test pins the tokens and logprobs); the run trains as before, every token within k versions."""
-    _, rows = run_k(tmp_path / "run", f"trainer.inflight={mode}", "sampling.max_tokens=24")
+@pytest.mark.parametrize("mode", ["finish", "abort", "continue"])
+def test_partial_rollouts_keep_the_staleness_bound(tmp_path, cpu_only, monkeypatch, mode):
+    """The in-process hf engine (the quickstart's placement). trainer.inflight=abort|continue: a load stops the
+    producer's generation calls at a token boundary (the engine's own test pins the tokens and logprobs); the run
+    trains as before, every token within k versions. Here the engine decodes a token each 30 ms (tiny-random alone
+    would finish the groups ahead before the update ends) and each load after the first waits (up to 10 s) until a
+    generation call is decoding, so there is one to stop; finish: the call ends first, nothing is stopped."""
+    from ctu.engines.hf.engine import HFEngine
+
+    monkeypatch.setattr("ctu.engines.cpu.cpu_share.pace", lambda share: time.sleep(0.03))
+    real = HFEngine.update_weights
+
+    def when_decoding(self, named_tensors, version=None):
+        deadline = time.monotonic() + 10
+        while version and not self._lock.locked() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return real(self, named_tensors, version)
+
+    monkeypatch.setattr(HFEngine, "update_weights", when_decoding)
+    _, rows = run_k(tmp_path / "run", f"trainer.inflight={mode}", "sampling.max_tokens=32")
     check_async_rows(rows)
-    assert all("async/interrupted_rows" in r for r in rows)
+    cut = sum(r["async/interrupted_rows"] for r in rows)
+    assert cut > 0 if mode != "finish" else cut == 0  # a load stopped rows the producer was sampling

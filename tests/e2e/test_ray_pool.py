@@ -11,7 +11,7 @@ import torch
 
 from ctu.app.evaluate import episode_specs
 from ctu.config.schema import load_config
-from ctu.distributed.async_rollout import AsyncPool
+from ctu.distributed.async_pool import AsyncPool
 from ctu.distributed.pool import LocalPool, RolloutPool, contiguous_chunks
 from ctu.distributed.ray_pool import RayPool  # imports without ray; a RayPool needs it
 from ctu.engines.checks.parity import check_parity

@@ -25,9 +25,9 @@ from ctu.engines.cpu.host_memory import trim_heap
 from ctu.engines.cpu.precision import compute_context
 from ctu.engines.hf import kv_reuse as kvr
 from ctu.engines.hf.decode_copy import DecodeCopy, resolve_decode_dtype
+from ctu.engines.hf.sampling import sample_next
 from ctu.engines.hf.hf_api import cache_of, with_cache
 from ctu.engines.hf.kv_buffer import plain_layers, preallocate
-from ctu.engines.hf.sampling import sample_next
 from ctu.engines.hf.shared_prefix import prefill
 
 
@@ -158,8 +158,9 @@ class HFEngine(Engine):
                                 sampled[k] = (ids, lps, vs) if self.inflight == "continue" else ([], [], [])
                                 continue
                             sampled.pop(k, None)
-                            mixed = len(set(vs)) > 1
-                            done[k] = Completion(tuple(ids), tuple(lps), c.finish_reason, min(vs) if mixed else version,
+                            mixed = len(set(vs)) > 1  # else one version: its tokens' (a re-sent row's may be older)
+                            stamp = min(vs) if vs and (mixed or vs[0] >= 0) else version
+                            done[k] = Completion(tuple(ids), tuple(lps), c.finish_reason, stamp,
                                                  tuple(vs) if mixed else None)
                         if cut:
                             return [k for j, k in enumerate(chunk) if j in cut] + pending[start + len(chunk):]
@@ -241,6 +242,9 @@ class HFEngine(Engine):
             if all(r is not None for r in reason):
                 break
             if interruptible and self._pending_loads:  # a weight load waits: stop here (trainer.inflight)
+                for row in range(len(prompts)):  # a row at its budget is done, not cut (nothing left to sample)
+                    if reason[row] is None and len(out_ids[row]) >= budgets[row]:
+                        reason[row] = "length"
                 cut = {row for row in range(len(prompts)) if reason[row] is None}
                 for row in cut:
                     reason[row] = "length"

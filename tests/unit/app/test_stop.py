@@ -89,3 +89,26 @@ def test_outside_the_main_thread_nothing_is_installed():
     thread.start()
     thread.join()
     assert seen == [False]
+
+
+def test_a_second_signal_kills_the_agent_processes_first(monkeypatch):
+    """Agents run in sessions of their own (a signal to ctu's group misses them): the second signal, which ends ctu
+    at once, kills them and what they started before the default action."""
+    from ctu.app import stop
+    from ctu.distributed import agent_pool
+
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    monkeypatch.setitem(agent_pool.LIVE, agent.pid, agent)
+    ended = []
+    monkeypatch.setattr(stop.os, "kill", lambda pid, signum: ended.append(agent.poll()))  # ctu's own end, noted
+    monkeypatch.setattr(stop.signal, "signal", lambda signum, handler: None)
+    stops = StopSignals()
+    try:
+        stops._handle(signal.SIGTERM, None)
+        assert agent.poll() is None  # the first signal only asks for a stop at the next safe point
+        stops._handle(signal.SIGTERM, None)
+        assert agent.wait(10) == -signal.SIGKILL and len(ended) == 1
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from ctu.app.async_loop import AsyncRollouts
 from ctu.app.trainer import TaskSampler, TrainingRewards
 from ctu.config.schema import load_config
-from ctu.distributed.async_rollout import AsyncPool, async_capacity
+from ctu.distributed.async_pool import AsyncPool
+from ctu.distributed.async_rollout import admitted
 from ctu.distributed.pool import LocalPool
 from ctu.domains import get_domain
 from ctu.engines.base import Completion, Engine
@@ -23,6 +24,7 @@ from ctu.episode.users.base import UserSession, UserSimulator
 from ctu.episode.users.scripted import ScriptedUser
 from ctu.rl.staleness import sampled_versions
 from ctu.rollout.loop import RolloutLimits
+from ctu.train.sync import WeightSync
 
 MINI = get_domain("mini")
 
@@ -74,14 +76,17 @@ def rollouts_for(chat, engine, user, k, *extra):
                                 "sampling.max_tokens=8",
                                 *extra])
     pool = AsyncPool(LocalPool(engine, chat, user, RolloutLimits(max_turns=3), concurrency=16, max_batch_size=16))
+    sync = WeightSync(config, SimpleNamespace(), pool)
+    sync.version = 0  # the engine holds version 0 (its stamp)
     trainer = SimpleNamespace(
-        config=config, step=0, pool=pool, sampler=TaskSampler([MINI], [1.0], seed=0),
+        config=config, step=0, pool=pool, sync=sync, sampler=TaskSampler([MINI], [1.0], seed=0),
         rewards=lambda batch: TrainingRewards(tuple(t.reward for t in batch), tuple(float(t.sample) for t in batch)))
     return trainer, AsyncRollouts(trainer)
 
 
-def train(trainer, rollouts, engine, steps, update_s=lambda: 0.0, stop=True):
-    """The trainer's loop without a model: collect, "update" (sleep), load version s; what each step trained on."""
+def train(trainer, rollouts, engine, steps, update_s=lambda: 0.0, stop=True, updates=None):
+    """The trainer's loop without a model: collect, the update (the weight sync's ``before_update``, then a sleep),
+    load version s; what each step trained on. ``updates``: each update's (start, end) is appended to it."""
     out = []
     try:
         for step in range(1, steps + 1):
@@ -89,9 +94,16 @@ def train(trainer, rollouts, engine, steps, update_s=lambda: 0.0, stop=True):
             started = time.perf_counter()
             trajectories, groups, _, chosen, _ = rollouts.collect()
             trained = [t for t, g in zip(trajectories, groups, strict=True) if g in chosen]
+            trainer.sync.before_update()  # engine.colocated (the default): the pool is put to sleep
+            update = time.perf_counter()  # the trainer's work: a producer drained before it does not overlap it
             time.sleep(update_s())
+            window = (update, time.perf_counter())
             engine.update_weights([], version=step)
-            out.append((trained, rollouts.step_metrics(time.perf_counter() - started)))
+            trainer.pool.wake_up()
+            trainer.sync.version = step
+            if updates is not None:
+                updates.append(window)
+            out.append((trained, rollouts.step_metrics(time.perf_counter() - started, window)))
     finally:
         if stop:
             rollouts.producer.stop()
@@ -103,8 +115,8 @@ def chat(chat_format):
     return chat_format
 
 
-def test_capacity_is_k_steps_of_groups():
-    assert async_capacity(1, 8) == 8 and async_capacity(2, 3) == 6
+def test_admission_is_k_steps_ahead_of_the_step():
+    assert admitted(1, 8, 1) == 16 and admitted(2, 3, 4) == 18
 
 
 @settings(max_examples=6, deadline=None)
@@ -122,14 +134,40 @@ def test_no_trained_token_is_more_than_k_versions_old(chat_format, k, seed):
         assert metrics["staleness_max"] <= k
 
 
-def test_groups_overtaken_past_the_bound_are_dropped_and_counted(chat_format):
+def test_slow_groups_are_cancelled_once_too_old_and_admission_keeps_the_bound(chat_format):
+    """Slow sessions are overtaken by fast ones: each is cancelled as soon as the next step may not train on it
+    (counted; it frees its admission), and the producer never has more groups started than (k + step) x batch."""
     engine = LockedEngine(chat_format)
     trainer, rollouts = rollouts_for(chat_format, engine, SlowUser(random.Random(1), slow_share=0.3, slow=0.1), 1)
+    seen = []
+    real = rollouts.collect
+
+    def collect():
+        out = real()
+        producer = rollouts.producer
+        seen.append((trainer.step, producer.started - producer.given_up))
+        return out
+
+    rollouts.collect = collect
     steps = train(trainer, rollouts, engine, 12, update_s=lambda: 0.01)
-    dropped = sum(m["dropped_groups"] for _, m in steps)
-    assert dropped >= 1  # slow sessions finish several versions late
+    cancelled, dropped = (sum(m[key] for _, m in steps) for key in ("cancelled_groups", "dropped_groups"))
+    assert cancelled >= 1  # slow sessions would finish several versions late: they are stopped instead
     assert sum(m["dropped_episodes"] for _, m in steps) == 2 * dropped
     assert all(m["staleness_max"] <= 1 for _, m in steps)
+    assert all(n <= admitted(1, 2, step) for step, n in seen), seen
+
+
+def test_generation_overlaps_the_update_on_an_engine_that_keeps_its_memory(chat_format):
+    """engine.colocated=true (the default) puts the pool to sleep at every update; an engine whose sleep frees
+    nothing (hf, vLLM on CPU) keeps generating through it: calls start while the update runs, and the step's
+    async/update_tokens counts what they sampled."""
+    engine = LockedEngine(chat_format, delay=0.002)
+    trainer, rollouts = rollouts_for(chat_format, engine, SlowUser(random.Random(4), slow_share=0.5, slow=0.02), 1)
+    updates = []
+    steps = train(trainer, rollouts, engine, 3, update_s=lambda: 0.1, updates=updates)
+    during = [start for start, _, _ in engine.calls if any(a <= start <= b for a, b in updates)]
+    assert during, "no generation call started while an update ran"
+    assert sum(m["update_tokens"] for _, m in steps) > 0
 
 
 def test_tokens_sampled_after_an_update_carry_the_new_version(chat_format):
@@ -232,3 +270,41 @@ def test_an_engine_without_version_stamps_stops_the_step_in_one_line_instead_of_
         rollouts.collect()
     assert time.perf_counter() - started < 30
     assert rollouts.producer.stopping
+
+
+class SlowRelease(threading.Condition):
+    """A condition whose release by the producer's thread is slow: any gap between its checks and its counts widens."""
+
+    def __exit__(self, *exc):
+        out = super().__exit__(*exc)
+        if threading.current_thread().name == "ctu-rollout-producer":
+            time.sleep(0.003)
+        return out
+
+
+def test_a_pause_that_returned_sees_every_group_started(chat_format):
+    """pause() returns once nothing runs and nothing starts after it: the producer counts a group as started and
+    running in the same hold of the condition as its check (else a pause between the two returns, and a group starts
+    during an evaluation or on a sleeping engine)."""
+    from ctu.distributed.async_rollout import RolloutProducer
+    from ctu.engines.base import SamplingParams
+
+    async def instant(specs, params, seed):
+        return []
+
+    producer = RolloutProducer(None, None, None, None, SamplingParams(), draw=lambda: (MINI, None), samples_per_task=1,
+                               max_staleness=1000, tasks_per_step=100, step=1, seed=lambda i: i, player=instant)
+    producer._cond = SlowRelease()
+    producer.start()
+    rng = random.Random(0)
+    try:
+        producer.pause()
+        for _ in range(40):  # each resume wakes the producer: a pause lands somewhere in its first start
+            producer.resume()
+            time.sleep(rng.uniform(0, 0.008))
+            producer.pause()
+            started = producer.started
+            time.sleep(0.01)
+            assert producer.started == started and producer.running == 0
+    finally:
+        producer.stop()

@@ -37,7 +37,8 @@ def test_groups_played_at_once_count_their_shared_time_once():
         return []
 
     producer = RolloutProducer(None, None, None, None, SamplingParams(), draw=lambda: (MINI, MINI.tasks[0]),
-                               samples_per_task=1, capacity=2, seed=lambda i: i, player=player)
+                               samples_per_task=1, max_staleness=1, tasks_per_step=1, step=1,
+                               seed=lambda i: i, player=player)  # admits 2 groups at once
     try:
         producer.take()
         producer.take()

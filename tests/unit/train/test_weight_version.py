@@ -130,3 +130,21 @@ def test_the_vllm_stamp_is_set_when_the_load_completes_and_lost_with_discarded_w
     with pytest.raises(ValueError, match="PEFT"):
         engine.update_weights(weights[:1] + [("base_model.model.x.lora_A.weight", torch.zeros(1))], version=6)
     assert engine.weights_version is None  # a load that failed stamps nothing
+
+
+def test_a_version_is_never_sent_twice():
+    """A version names one set of weights: engines that hold a version skip (Ray workers) or refuse (vLLM adapters)
+    it again, so a sync of new weights under a version already sent (the warm start after the setup's version 0)
+    stops in one line before anything is sent."""
+    from ctu.engines.hf.engine import HFEngine
+    from ctu.engines.hf.models import load_model, load_tokenizer
+
+    engine = HFEngine(load_model("tiny-random"), load_tokenizer("tiny-random"))
+    pool = LocalPool(engine, chat=None, user=None, limits=None)
+    sync = WeightSync(config_for("engine.kind=hf"), StubGroup(), pool)
+    sync.after_update(0)
+    sent = []
+    pool.update_weights = lambda named, version: sent.append(version)
+    with pytest.raises(RuntimeError, match=r"^weight sync: version 0 sent after version 0; each sync needs a newer"):
+        sync.after_update(0)
+    assert sent == []

@@ -88,3 +88,32 @@ def test_a_load_midway(mode):
         assert c.version == 0 and engine.interrupted_rows == 1  # the oldest version, for the staleness rule
         torch.testing.assert_close(got[:switch], before[:switch], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(got[switch:], new[switch:], rtol=1e-4, atol=1e-4)
+
+
+def test_a_row_at_its_last_token_when_a_load_comes_keeps_the_version_that_sampled_it(monkeypatch):
+    """continue: a load that comes as a row samples its last token does not cut the row (nothing is left to
+    sample): every token keeps the old version. Cut and sent again with no budget left, the row came back stamped
+    with the new version and no per-token versions, one version younger than it is."""
+    from ctu.engines.hf import engine as hf_engine
+
+    torch.manual_seed(0)
+    model = load_model("tiny-random")
+    engine = HFEngine(model, load_tokenizer("tiny-random"), inflight="continue", kv_reuse=False)
+    engine.weights_version, engine.eos_ids = 0, set()
+    weights, params = new_weights(model), SamplingParams(temperature=1.0, max_tokens=6, seed=3, stop_token_ids=())
+    real, calls, loads = hf_engine.sample_next, [], []
+
+    def sample_next(*args, **kwargs):  # the last token: a load comes and waits for the engine's lock
+        calls.append(1)
+        if len(calls) == params.max_tokens:
+            loads.append(threading.Thread(target=engine.update_weights, args=(weights,), kwargs={"version": 1}))
+            loads[0].start()
+            while not engine._pending_loads:
+                time.sleep(0.001)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hf_engine, "sample_next", sample_next)
+    c = engine.generate_sync([PROMPT], params)[0][0]
+    loads[0].join(60)
+    assert len(c.token_ids) == 6 and c.versions() == [0] * 6 and c.version == 0
+    assert engine.interrupted_rows == 0 and engine.weights_version == 1
