@@ -173,6 +173,7 @@ def test_rft_updates_on_the_successful_episodes_only(tmp_path, monkeypatch):
     metrics = trainer.train_step()["metrics"]
     assert metrics["rollout"]["trained_episodes"] == 2 and metrics["train"]["grad_norm"] > 0
     monkeypatch.setattr(trainer, "rewards", lambda trajectories: TrainingRewards((0.0,) * 4, (0.0,) * 4))
+    trainer.step += 1  # as Trainer.run does: each step syncs a newer weight version
     metrics = trainer.train_step()["metrics"]  # no success: nothing to imitate, no update
     assert metrics["rollout"]["trained_episodes"] == 0 and metrics["train"]["updates"] == 0
 
@@ -216,6 +217,7 @@ def test_remax_plays_one_greedy_episode_per_task_and_trains_on_the_samples_that_
     assert metrics["rollout"]["episodes"] == 4 and metrics["rollout"]["greedy_reward"] == 0.0
     assert metrics["rollout"]["trained_episodes"] == 1 and metrics["train"]["grad_norm"] > 0  # A's success only
     plans = iter([(1.0, 1.0, 0.0, 0.0), (1.0, 0.0)])  # every sample did what its task's greedy episode did
+    trainer.step += 1  # as Trainer.run does: each step syncs a newer weight version
     metrics = trainer.train_step()["metrics"]
     assert metrics["rollout"]["trained_episodes"] == 0 and metrics["train"]["updates"] == 0
     assert metrics["rollout"]["greedy_reward"] == 0.5
