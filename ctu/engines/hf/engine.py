@@ -25,9 +25,9 @@ from ctu.engines.cpu.host_memory import trim_heap
 from ctu.engines.cpu.precision import compute_context
 from ctu.engines.hf import kv_reuse as kvr
 from ctu.engines.hf.decode_copy import DecodeCopy, resolve_decode_dtype
-from ctu.engines.hf.sampling import sample_next
 from ctu.engines.hf.hf_api import cache_of, with_cache
 from ctu.engines.hf.kv_buffer import plain_layers, preallocate
+from ctu.engines.hf.sampling import sample_next
 from ctu.engines.hf.shared_prefix import prefill
 
 
