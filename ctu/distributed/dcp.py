@@ -23,8 +23,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from ctu.train.checkpoint import COMPLETE, checkpoint_step, list_checkpoints, rng_state, set_rng_state
-from ctu.train.manifest import MANIFEST, DamagedError, load_tensors, write_manifest
+from ctu.train.checkpoint import COMPLETE, list_checkpoints, restore_state, rng_state
+from ctu.train.manifest import MANIFEST, write_manifest
 
 __all__ = ["latest_sharded", "load_sharded", "save_sharded"]
 
@@ -96,12 +96,4 @@ def load_sharded(path: str | Path, *, policy, optimizer, scheduler) -> tuple[int
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(policy.model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],  # type: ignore[arg-type]
                    options=_LOAD_OPTIONS)
-    saved = load_tensors(path / "state.pt")  # data only: a pickle that would run code is refused
-    try:
-        scheduler.load_state_dict(saved["scheduler"])
-        set_rng_state(saved["rng"])
-        extra = saved["extra"]
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise DamagedError(f"{path / 'state.pt'} is not a checkpoint's state ({type(exc).__name__}: "
-                           f"{' '.join(str(exc).split())[:200]})") from None
-    return checkpoint_step(path), extra
+    return restore_state(path, scheduler)  # the optimizer's state came with the shards

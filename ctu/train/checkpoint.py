@@ -247,9 +247,16 @@ def load_checkpoint(path: str | Path, *, model, optimizer, scheduler) -> tuple[i
                 raise DamagedError(f"{path / 'trainable.pt'}: {name} is not a tensor of shape "
                                    f"{tuple(params[name].shape)}")
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
-    state = load_tensors(path / "state.pt")
+    return restore_state(path, scheduler, optimizer)
+
+
+def restore_state(path: Path, scheduler, optimizer=None) -> tuple[int, dict]:
+    """``path/state.pt`` read as data (the optimizer's state where ``optimizer`` is given, the scheduler's, the RNGs)
+    into them; (step, extra). A file that is not such a state is a :class:`DamagedError` naming it."""
+    state = load_tensors(path / "state.pt")  # data only: a pickle that would run code is refused
     try:
-        optimizer.load_state_dict(state["optimizer"])
+        if optimizer is not None:
+            optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         extra = state["extra"]
