@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 
@@ -49,3 +49,23 @@ class BusyClock:
     def seconds(self) -> float:
         with self._lock:
             return self._total + (self._clock() - self._since if self._running else 0.0)
+
+
+def overlap_share(start: float, end: float, window_start: float, window_end: float) -> float:
+    """The share of the span ``[start, end]`` that lies in ``[window_start, window_end]`` (0 to 1); a span of no
+    length counts whole where it lies in the window."""
+    if end <= start:
+        return 1.0 if window_start <= start <= window_end else 0.0
+    return max(0.0, min(end, window_end) - max(start, window_start)) / (end - start)
+
+
+def covered_seconds(spans: Iterable[tuple[float, float]], window_start: float, window_end: float) -> float:
+    """Seconds of ``[window_start, window_end]`` inside at least one of ``spans`` ((start, end) pairs; overlapping
+    spans counted once)."""
+    clipped = sorted((max(s, window_start), min(e, window_end)) for s, e in spans)
+    total, reach = 0.0, window_start
+    for s, e in clipped:
+        if e > max(s, reach):
+            total += e - max(s, reach)
+            reach = e
+    return total

@@ -2,7 +2,7 @@
 
 Unlike respx it goes through real sockets and httpx's connection pool, which is what the "Event loop is
 closed" bug needs. ``script`` is a list of ``(status, body_or_text, headers)`` served in order (the last
-one repeats); every request's JSON body is kept in ``requests``. :class:`SilentServer` accepts requests and never
+one repeats), each ``delay`` seconds after its request; every request's JSON body is kept in ``requests``. :class:`SilentServer` accepts requests and never
 answers.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -19,8 +20,9 @@ def completion(text: str) -> dict:
 
 
 class StubChatServer:
-    def __init__(self, script=None):
+    def __init__(self, script=None, delay: float = 0.0):
         self.script = list(script or [(200, completion("hello"), {})])
+        self.delay = delay  # seconds before each answer (a slow model behind the API)
         self.requests: list[dict] = []
         self.connections = 0
         stub = self
@@ -35,6 +37,7 @@ class StubChatServer:
             def do_POST(self):  # noqa: N802 - http.server's naming
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 stub.requests.append(json.loads(body or b"{}"))
+                time.sleep(stub.delay)
                 status, payload, headers = stub.script[min(len(stub.requests), len(stub.script)) - 1]
                 data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
                 self.send_response(status)
