@@ -160,6 +160,8 @@ def config_problems(config: Config) -> list[str]:
     problems += [f"{k}: must be >= 1, got {v}" for k, v in positive.items() if v < 1]
     if not 0 < config.sampling.top_p <= 1:
         problems.append(f"sampling.top_p: must be in (0, 1], got {config.sampling.top_p}")
+    if config.sampling.top_k < 0:
+        problems.append(f"sampling.top_k: must be >= 0 (0: all tokens), got {config.sampling.top_k}")
     if config.sampling.temperature < 0 or config.eval.temperature < 0:
         problems.append("sampling.temperature / eval.temperature: must be >= 0")
     if not config.engine.timeout > 0:

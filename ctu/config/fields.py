@@ -55,6 +55,7 @@ class EngineConfig:
 class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # the k most likely tokens only, then top_p (0: all)
     max_tokens: int = 256  # per assistant turn
     seed: int = 0
 

@@ -114,5 +114,6 @@ def chat_api(section: Any) -> ChatAPIConfig:
 def sampling_params(config: Config, temperature: float | None = None) -> SamplingParams:
     return SamplingParams(
         temperature=config.sampling.temperature if temperature is None else temperature,
-        top_p=config.sampling.top_p, max_tokens=config.sampling.max_tokens, seed=config.sampling.seed,
+        top_p=config.sampling.top_p, top_k=config.sampling.top_k, max_tokens=config.sampling.max_tokens,
+        seed=config.sampling.seed,
     )

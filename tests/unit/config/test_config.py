@@ -34,6 +34,7 @@ def test_defaults_yaml_and_dotted_overrides(tmp_path):
     ("env.max_turns=0", "env.max_turns: must be >= 1"),
     ("engine.kv_cache_tokens=0", "engine.kv_cache_tokens: must be >= 1"),
     ("sampling.top_p=1.5", "sampling.top_p"),
+    ("sampling.top_k=-1", "sampling.top_k: must be >= 0"),
     ("engine.kind=remote", "engine.base_url: required"),
     ("env.weights.retail=1", "env.weights.retail: not one of env.domains"),
     ("env=3", "env: expected a mapping"),
@@ -43,6 +44,13 @@ def test_bad_configs_fail_naming_the_key(override, message):
     with pytest.raises(ConfigError) as err:
         load_config(None, [override])
     assert message in str(err.value)
+
+
+def test_sampling_top_k_reaches_the_engines_params():
+    from ctu.rollout.components import sampling_params
+
+    assert sampling_params(load_config(None, ["sampling.top_k=20"])).top_k == 20
+    assert sampling_params(load_config(None, [])).top_k == 0
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
