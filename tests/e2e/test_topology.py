@@ -35,7 +35,7 @@ def topology(run_dir, *extra):
                   "distributed.trainer_workers=2", "distributed.trainer_cpus=0.5", "trainer.autocast=off",
                   "distributed.rollout_workers=1", "distributed.worker_cpus=0.5",
                   f"agent.command={sys.executable} {AGENT}", "agent.concurrency=4", "agent.timeout_s=120",
-                  "trainer.max_staleness=1", "trainer.tis_cap=2.0", "trainer.max_steps=3", "trainer.sft_steps=0",
+                  "trainer.max_staleness=1", "trainer.tis_cap=2.0", "trainer.max_steps=3", "trainer.sft_steps=1",
                   "trainer.eval_before_train=false", "trainer.eval_max_tasks=1", "trainer.eval_interval=2",
                   "trainer.export=false", "trainer.lr=0.05", "sampling.max_tokens=12", *extra)
 
