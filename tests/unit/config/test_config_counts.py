@@ -15,7 +15,7 @@ from ctu.config.schema import Config, ConfigError, load_config
 # key -> the smallest valid value (counts of things that may be absent start at 0; None stays allowed where typed)
 COUNT_MINIMUMS = {
     "engine.max_batch_size": 1, "engine.max_retries": 0, "engine.parity_probe_tokens": 1, "engine.kv_cache_tokens": 1, "engine.max_loras": 1,
-    "sampling.max_tokens": 1,
+    "sampling.max_tokens": 1, "sampling.top_k": 0,
     "user.max_retries": 0, "user.max_tokens": 1, "user.patience": 1,
     "judge.max_retries": 0, "judge.max_tokens": 1, "shaping.max_retries": 0, "shaping.max_tokens": 1,
     "env.max_turns": 1, "env.max_errors": 1, "env.max_context_tokens": 1,
