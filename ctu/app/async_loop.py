@@ -118,9 +118,9 @@ class AsyncRollouts:
     def step_metrics(self, step_s: float, update: tuple[float, float] | None = None) -> dict[str, float]:
         """This step's ``async/*`` metrics, ``step_s`` its wall time, ``update`` its update's (start, end) in
         ``time.perf_counter``: staleness and drops, tokens sampled while the update ran (``update_tokens``: the
-        overlap asynchronous RL is for; of work that came back by the step's end) and the seconds in which
-        generation was in flight during it (``update_generating_s``, work still out included), and how long trainer and engine waited (engine idle: the step's wall time
-        outside engine calls; trainer idle: waiting for groups)."""
+        overlap asynchronous RL is for; of work that came back by the step's end), the seconds in which generation
+        was in flight during it (``update_generating_s``, work still out included), and how long trainer and engine
+        waited (engine idle: the step's wall time outside engine calls; trainer idle: waiting for groups)."""
         busy = self.producer.engine_seconds() if self.producer is not None else 0.0
         if update is not None and self.producer is not None:
             self.stats["update_tokens"] = self.producer.sampled_between(*update)

@@ -28,16 +28,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
-import itertools
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from ctu.distributed.busy import BusyClock, covered_seconds, overlap_share
+from ctu.distributed.busy import BusyClock, SpanLog
 from ctu.engines.base import Engine, SamplingParams
 from ctu.rollout.loop import EpisodeSpec, GenerationBatcher, RolloutLimits, Trajectory, run_episode
 
@@ -93,18 +91,18 @@ class Tally(Engine):
     """The engine the producer's batcher calls: the same engine, each call's span and sampled tokens noted (what
     overlapped an update, :meth:`RolloutProducer.sampled_between` and :meth:`RolloutProducer.generating_during`)."""
 
-    def __init__(self, engine: Engine, producer: RolloutProducer):
-        self.inner, self.producer = engine, producer
+    def __init__(self, engine: Engine, spans: SpanLog):
+        self.inner, self.spans = engine, spans
 
     async def generate(self, prompts, params, seeds=None):
-        span = self.producer._begin()
+        span = self.spans.begin()
         tokens = 0
         try:
             out = await self.inner.generate(prompts, params, seeds)
             tokens = sum(len(c.token_ids) for row in out for c in row)
             return out
         finally:
-            self.producer._end(span, tokens)
+            self.spans.end(span, tokens)
 
     def update_weights(self, named_tensors, version=None) -> None:
         self.inner.update_weights(named_tensors, version)
@@ -140,9 +138,7 @@ class RolloutProducer:
         self.running = 0  # groups in flight
         self.paused = 0  # pause() calls not yet resumed
         self.stopping = False
-        self.sampled: deque[tuple[float, float, int]] = deque(maxlen=1 << 16)  # (start, end, tokens) of each engine call or player group
-        self._open: dict[int, float] = {}  # the start of each engine call or player group in flight
-        self._spans = itertools.count()
+        self.spans = SpanLog()  # each engine call's or player group's (start, end, tokens), and those in flight
         self.batcher: GenerationBatcher | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -193,14 +189,12 @@ class RolloutProducer:
         """Tokens sampled in ``[start, end]`` (``time.perf_counter``): each engine call's tokens (with a player,
         each group's response tokens) in the share of its span that lies in the window, at an even rate over the
         span (a group that was playing through the window counts whether it came back in it or later)."""
-        return sum(overlap_share(s, e, start, end) * n for s, e, n in list(self.sampled))
+        return self.spans.tokens_in(start, end)
 
     def generating_during(self, start: float, end: float) -> float:
         """Seconds of ``[start, end]`` in which an engine call or a played group was in flight (those still in
         flight included: a group a worker plays through an update comes back after it, its tokens unknown then)."""
-        now = time.perf_counter()
-        spans = [(s, e) for s, e, _ in list(self.sampled)] + [(s, now) for s in list(self._open.values())]
-        return covered_seconds(spans, start, end)
+        return self.spans.seconds_in(start, end)
 
     def pause(self) -> None:
         """Start no group and wait until the groups in flight have finished (they stay queued for the trainer).
@@ -260,15 +254,6 @@ class RolloutProducer:
             self.running += 1
             return index
 
-    def _begin(self) -> int:
-        span = next(self._spans)
-        self._open[span] = time.perf_counter()
-        return span
-
-    def _end(self, span: int, tokens: int) -> None:
-        started = self._open.pop(span)
-        self.sampled.append((started, time.perf_counter(), tokens))
-
     def _cancel_stale(self) -> None:
         """Cancel the groups played here that the next step may not train on (their first tokens are older than
         its oldest allowed version): they would only be dropped."""
@@ -293,7 +278,7 @@ class RolloutProducer:
         self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         if self.player is None:
             assert self.engine is not None  # no player: episodes are played here, on this engine
-            self.batcher = GenerationBatcher(Tally(self.engine, self), self.max_batch_size)
+            self.batcher = GenerationBatcher(Tally(self.engine, self.spans), self.max_batch_size)
         gate = asyncio.Semaphore(max(1, self.concurrency))
         tasks: set[asyncio.Task] = set()
         failure: list[BaseException] = []
@@ -339,14 +324,14 @@ class RolloutProducer:
         seed = self.seed(index)
         params = replace(self.params, seed=seed)
         if self.player is not None:  # rollout workers or agent processes play it: seeds as a synchronous call's
-            started, span = self.groups_busy.begin(), self._begin()
+            started, span = self.groups_busy.begin(), self.spans.begin()
             specs = [EpisodeSpec(domain, task, i) for i in range(self.samples_per_task)]
             trajectories: list[Trajectory] = []
             try:
                 trajectories = list(await self.player(specs, params, seed))
             finally:
                 seconds = self.groups_busy.end(started)
-                self._end(span, sum(sum(t.loss_mask) for t in trajectories))
+                self.spans.end(span, sum(sum(t.loss_mask) for t in trajectories))
             self.done.put(Group(index, trajectories, None, seconds))
             return
         assert self.engine is not None and self.batcher is not None and self.limits is not None  # played here

@@ -4,8 +4,10 @@ engine playing two groups together for a second looked busy for two."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
@@ -69,3 +71,33 @@ def covered_seconds(spans: Iterable[tuple[float, float]], window_start: float, w
             total += e - max(s, reach)
             reach = e
     return total
+
+
+class SpanLog:
+    """The spans (start, end, tokens) of engine calls or played groups, and the starts of those still out: what
+    overlapped a window (an update). ``begin()`` / ``end(span, tokens)`` from the producer's thread; the queries
+    from any thread."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, keep: int = 1 << 16):
+        self._clock = clock
+        self.done: deque[tuple[float, float, int]] = deque(maxlen=keep)
+        self._open: dict[int, float] = {}
+        self._ids = itertools.count()
+
+    def begin(self) -> int:
+        span = next(self._ids)
+        self._open[span] = self._clock()
+        return span
+
+    def end(self, span: int, tokens: int) -> None:
+        self.done.append((self._open.pop(span), self._clock(), tokens))
+
+    def tokens_in(self, start: float, end: float) -> float:
+        """Each finished span's tokens in the share of its time inside ``[start, end]`` (an even rate over it)."""
+        return sum(overlap_share(s, e, start, end) * n for s, e, n in list(self.done))
+
+    def seconds_in(self, start: float, end: float) -> float:
+        """Seconds of ``[start, end]`` in which any span was out, the spans still out included."""
+        now = self._clock()
+        spans = [(s, e) for s, e, _ in list(self.done)] + [(s, now) for s in list(self._open.values())]
+        return covered_seconds(spans, start, end)
