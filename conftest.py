@@ -25,6 +25,12 @@ def capped_examples(test) -> None:
     if PROFILE == "ci" and own is not None and own.max_examples > CI_EXAMPLES:
         test._hypothesis_internal_use_settings = settings(own, max_examples=CI_EXAMPLES)
 
+# README's test command runs the default tier in 2 pytest-xdist workers (one test file each at a time): most tests are
+# tiny models, servers and subprocesses that keep one core busy at most. Each worker computes with one thread, so two
+# workers never put four OpenMP threads on two cores (a setting of the user's is kept). Set before torch loads.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Nothing may download from a model hub at run time, in tests above all.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
