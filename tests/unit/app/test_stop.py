@@ -52,8 +52,8 @@ def test_a_signal_at_a_random_moment_always_stops_the_loop_at_a_safe_point(trial
     steps, safe_points = 12, []
     delay = rng.uniform(0.0, 0.08)
     timer = threading.Timer(delay, os.kill, (os.getpid(), signum))
-    timer.start()
     with pytest.raises(Interrupted) as caught, StopSignals() as stops:
+        timer.start()  # once the handlers are in place: a signal before them is not the loop's to catch
         for step in range(1, steps + 1):
             stops.check(f"step {step}")
             busy_step(rng)  # a phase: never cut in the middle
