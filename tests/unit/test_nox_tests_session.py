@@ -1,6 +1,7 @@
-"""``nox -s tests`` (README's test command): the oracle, vllm_cpu and lint sessions run beside the default tier, not
-after it, and a failure anywhere fails the command naming the tier and its log. Checked with a stand-in for
-``nox.Session`` and for the background nox processes (nothing is installed or run)."""
+"""``nox -s tests`` (README's test command): the oracle session, the vLLM CPU venv's build and lint run beside the
+default tier, not after it; the vLLM CPU tests run after it; a failure anywhere fails the command naming the tier
+and its log. Checked with a stand-in for ``nox.Session`` and for the background nox processes (nothing is installed
+or run)."""
 
 import threading
 
@@ -11,8 +12,9 @@ import noxfile
 
 
 class Process:
-    def __init__(self, name, out, codes, started):
-        self.name, self.pid, self.code = name, 0, codes.get(name, 0)
+    def __init__(self, args, out, codes, started):
+        name = " ".join(args)
+        self.pid, self.code = 0, codes.get(name, 0)
         out.write(f"{name} output\n")
         started.set()
 
@@ -24,17 +26,18 @@ class Process:
 
 
 class Session:
-    def __init__(self, beside_started, tier_fails=False):
-        self.beside_started, self.tier_fails = beside_started, tier_fails
+    def __init__(self, beside_started, tier_fails=False, after_fails=False):
+        self.beside_started, self.tier_fails, self.after_fails = beside_started, tier_fails, after_fails
         self.posargs: list[str] = []
         self.ran: list[tuple] = []
         self.saw_beside_running = False
 
     def run(self, *args, **kwargs):
         self.ran.append(args)
-        self.saw_beside_running = self.beside_started.wait(10)
-        if self.tier_fails:
-            raise nox.command.CommandFailed("pytest")
+        if len(self.ran) == 1:  # the default tier
+            self.saw_beside_running = self.beside_started.wait(10)
+        if self.tier_fails if len(self.ran) == 1 else self.after_fails:
+            raise nox.command.CommandFailed(args[0])
 
     def log(self, *args):
         pass
@@ -43,11 +46,11 @@ class Session:
         raise RuntimeError(reason)
 
 
-def run_tests_session(tmp_path, monkeypatch, codes=None, tier_fails=False):
+def run_tests_session(tmp_path, monkeypatch, codes=None, tier_fails=False, after_fails=False):
     monkeypatch.chdir(tmp_path)
     started = threading.Event()
-    monkeypatch.setattr(noxfile, "_start", lambda name, out: Process(name, out, codes or {}, started))
-    session = Session(started, tier_fails)
+    monkeypatch.setattr(noxfile, "_start", lambda args, out: Process(args, out, codes or {}, started))
+    session = Session(started, tier_fails, after_fails)
     return session, lambda: noxfile.tests(session)
 
 
@@ -55,19 +58,23 @@ def test_the_other_tiers_run_while_the_default_tier_runs(tmp_path, monkeypatch, 
     session, run = run_tests_session(tmp_path, monkeypatch)
     run()
     assert session.saw_beside_running
-    assert session.ran == [("python", "-m", "pytest", "-n", "2", "--dist", "loadfile", "-m", "not slow")]
+    assert session.ran[0] == ("python", "-m", "pytest", "-n", "2", "--dist", "loadfile", "-m", "not slow")
+    assert session.ran[1][1:] == ("-m", "nox", "--no-install", "-s", "vllm_cpu")  # after the tier, in its built venv
     out = capsys.readouterr().out
-    assert all(f"{name} output" in out for name in ("oracle", "vllm_cpu", "lint"))
+    assert all(f"{name} output" in out for name in ("oracle", "vllm_cpu --install-only", "lint"))
 
 
-@pytest.mark.parametrize("codes, tier_fails, named", [
-    ({"vllm_cpu": 1}, False, ["nox -s vllm_cpu (exit 1"]),
-    ({}, True, ["the default tier"]),
-    ({"oracle": 2, "lint": 1}, True, ["the default tier", "nox -s oracle (exit 2", "nox -s lint (exit 1"]),
+@pytest.mark.parametrize("codes, tier_fails, after_fails, named", [
+    ({"vllm_cpu --install-only": 1}, False, False, ["nox -s vllm_cpu --install-only (exit 1"]),
+    ({}, True, False, ["the default tier"]),
+    ({}, False, True, ["nox --no-install -s vllm_cpu"]),
+    ({"oracle": 2, "lint": 1}, True, False, ["the default tier", "nox -s oracle (exit 2", "nox -s lint (exit 1"]),
 ])
-def test_a_failure_in_any_tier_fails_the_command_naming_it(tmp_path, monkeypatch, codes, tier_fails, named):
-    _, run = run_tests_session(tmp_path, monkeypatch, codes, tier_fails)
+def test_a_failure_in_any_tier_fails_the_command_naming_it(tmp_path, monkeypatch, codes, tier_fails, after_fails,
+                                                           named):
+    session, run = run_tests_session(tmp_path, monkeypatch, codes, tier_fails, after_fails)
     with pytest.raises(RuntimeError) as failed:
         run()
     assert all(n in str(failed.value) for n in named), str(failed.value)
-    assert "nox -s vllm_cpu" not in str(failed.value) or "vllm_cpu" in codes
+    assert "vllm_cpu" not in str(failed.value) or "vllm_cpu --install-only" in codes or after_fails
+    assert len(session.ran) == (1 if "vllm_cpu --install-only" in codes else 2)  # no vLLM tests without their venv
