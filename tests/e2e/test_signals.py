@@ -1,8 +1,8 @@
 """`ctu train` stopped by one SIGINT or SIGTERM at a random moment after its first checkpoint: it stops at the next
 safe point with exit 130 or 143 and one line saying where it stands, every checkpoint it wrote kept, and no step
-half-recorded: two real `ctu train` processes (CTU_SIGNAL_RUNS=n: n per signal), and 20 in-process runs signalled at
-random moments. The handler itself (a flag, checked between phases; a second signal kills at once) is tested in
-tests/unit/app/test_stop.py."""
+half-recorded: two real `ctu train` processes (CTU_SIGNAL_RUNS=n: n per signal), and 8 in-process runs signalled at
+random moments (CTU_SIGNAL_TRIALS=n: n). The handler itself (a flag, checked between phases; a second signal kills
+at once) is tested in tests/unit/app/test_stop.py."""
 
 import json
 import os
@@ -17,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = int(os.environ.get("CTU_SIGNAL_RUNS", "1"))
+TRIALS = int(os.environ.get("CTU_SIGNAL_TRIALS", "8"))
 SMALL = ["model.path=tiny-random", "trainer.max_steps=12", "trainer.tasks_per_step=1", "trainer.samples_per_task=2",
          "trainer.sft_steps=0", "trainer.eval_before_train=false", "trainer.eval_max_tasks=1", "trainer.export=false",
          "trainer.ckpt_interval=1", "trainer.keep_checkpoints=20", "sampling.max_tokens=4", "env.max_turns=1"]
@@ -45,7 +46,7 @@ def test_one_signal_after_the_first_checkpoint_stops_the_run_keeping_its_checkpo
     assert checkpoints == steps  # every step recorded is checkpointed, none half-recorded, none deleted
 
 
-@pytest.mark.parametrize("trial", range(20))  # 20 in-process runs of tiny-random: about 50 s on 2 busy cores
+@pytest.mark.parametrize("trial", range(TRIALS))  # 8 in-process runs of tiny-random: about 30 s on 2 busy cores
 def test_a_signal_at_a_random_moment_of_a_real_run_is_never_lost(tmp_path, trial):
     """The training loop itself (not a stand-in): one SIGINT or SIGTERM at a random moment of the run stops it at a
     safe point, every time, with the checkpoints equal to the recorded steps."""

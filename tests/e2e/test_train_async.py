@@ -77,6 +77,7 @@ def test_ctu_train_three_steps_at_max_staleness_1_records_the_async_metrics(tmp_
         assert r["rollout/trained_groups"] == 2 and r["sync/version"] == r["step"]
         assert r["rollout/replayed_demos"] == 2
         assert 0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= 1
+        assert r["async/interrupted_rows"] == 0  # trainer.inflight=finish: a load stops no generation call
         for key in ("async/dropped_groups", "async/trainer_wait_s", "async/engine_busy_s", "async/engine_idle_s",
                     "async/trainer_idle_fraction", "async/engine_idle_fraction"):
             assert key in r, key
