@@ -148,6 +148,14 @@ def server(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-m", "server", "tests/e2e/test_real_server.py", *session.posargs)
 
 
+@nox.session
+def ray(session: nox.Session) -> None:
+    """Whole training runs through a local Ray cluster (Ray rollout workers, FSDP2 trainer ranks, the topology on
+    fakes), excluded from a bare pytest run for their minutes; README's test command (``nox -s tests``) runs them."""
+    _install(session)
+    session.run("python", "-m", "pytest", *XDIST, "-m", "ray", *session.posargs)
+
+
 TORCH_PROBE = "import torch; print(torch.__version__, torch.version.cuda)"
 
 

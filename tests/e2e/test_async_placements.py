@@ -164,8 +164,10 @@ def test_partial_rollouts_keep_the_staleness_bound(tmp_path, cpu_only, monkeypat
     real = HFEngine.update_weights
 
     def when_decoding(self, named_tensors, version=None):
-        deadline = time.monotonic() + 10
-        while version and not self._lock.locked() and time.monotonic() < deadline:
+        # the lock alone is no sign: a call holds it while it prepares (under load, the CPU-sharing probe's run),
+        # and a load that comes then stops the call before any row is sampled
+        deadline, steps = time.monotonic() + 10, self.decode_steps
+        while version and not (self._lock.locked() and self.decode_steps > steps) and time.monotonic() < deadline:
             time.sleep(0.001)
         return real(self, named_tensors, version)
 

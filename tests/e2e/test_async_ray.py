@@ -20,7 +20,7 @@ from tests.e2e.test_async_placements import (  # noqa: F401 - cpu_only, slow_upd
 )
 from tests.e2e.test_train import judge  # noqa: F401 - the autouse shaping-judge fixture slow_user takes
 
-pytestmark = pytest.mark.usefixtures("cpu_only")
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("cpu_only")]
 
 
 def test_ray_rollout_workers_keep_producing(tmp_path, cluster):

@@ -20,6 +20,7 @@ from tests.vllm_cpu.test_async_agent_cpu import spans_of
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "examples" / "byo_agent" / "agent.py"
+pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(autouse=True)

@@ -21,6 +21,7 @@ CLOSE = ("train/loss", "train/pg_loss", "train/grad_norm", "train/entropy", "tra
 
 
 FP32 = "trainer.autocast=off"
+pytestmark = pytest.mark.ray
 
 
 def run(run_dir, *extra):
