@@ -17,7 +17,6 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 import torch
-from transformers.cache_utils import DynamicCache
 
 from ctu.engines.base import Completion, Engine, SamplingParams
 from ctu.engines.cpu import cpu_share, cpu_threads
@@ -26,7 +25,7 @@ from ctu.engines.cpu.precision import compute_context
 from ctu.engines.hf import kv_reuse as kvr
 from ctu.engines.hf.decode_copy import DecodeCopy, resolve_decode_dtype
 from ctu.engines.hf.hf_api import cache_of, with_cache
-from ctu.engines.hf.kv_buffer import plain_layers, preallocate
+from ctu.engines.hf.kv_buffer import adopt, plain_layers, preallocate, release_layer
 from ctu.engines.hf.sampling import sample_next
 from ctu.engines.hf.shared_prefix import prefill
 
@@ -203,8 +202,8 @@ class HFEngine(Engine):
         batch = None
         if self.kv_store is not None:
             batch = kvr.plan(self.kv_store, prompts, self._prefix_kv)
-            ids, mask, positions, cache = kvr.assemble(batch, self.pad_id, self.device,
-                                                       lambda layers: DynamicCache(ddp_cache_data=layers))
+            ids, mask, positions, cache = kvr.assemble(batch, self.pad_id, self.device, adopt,
+                                                       generate=max(budgets, default=0))
             out = self._net(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache(cache),
                              use_cache=True, logits_to_keep=1)
             logits, past, positions = out.logits[:, -1, :], cache_of(out), positions[:, -1:]
@@ -267,9 +266,14 @@ class HFEngine(Engine):
                                  **with_cache(past), use_cache=True)
             past = cache_of(outputs)
             logits = outputs.logits[:, -1, :]
-        if batch is not None:
-            for j, row in enumerate(live):
-                self._keep(batch, row, past, mask, j, fed, out_ids)
+        if batch is not None and self.kv_store is not None:  # the batch's KV goes layer by layer as it is kept
+            layers = plain_layers(past)
+            if layers is None:  # e.g. sliding-window layers: this model's cache cannot be kept
+                self.kv_store = None
+            else:
+                picks = [(row, j, self._ran(fed[row], out_ids[row])) for j, row in enumerate(live)]
+                kvr.keep_rows(self.kv_store, batch, picks, layers, mask, lambda layer: release_layer(past, layer))
+            del layers
         version = self.weights_version  # read under the lock: update_weights cannot change it mid-batch
         return [Completion(tuple(ids), tuple(lps), r or "length", version)  # type: ignore[arg-type]  # 'stop' or None
                 for ids, lps, r in zip(out_ids, out_lp, reason, strict=True)], cut
@@ -289,11 +293,17 @@ class HFEngine(Engine):
         if layers is None:  # e.g. sliding-window layers: this model's cache cannot be kept; prefill whole prompts
             self.kv_store = None
             return
-        ran, kept = fed[row], out_ids[row]
-        n = 0  # after a row stops (or a stop string cut it), the ids it ran are not its own
+        kvr.keep_row(self.kv_store, batch, row, [(k[j:j + 1], v[j:j + 1]) for k, v in layers], mask[j],
+                     self._ran(fed[row], out_ids[row]))
+
+    @staticmethod
+    def _ran(ran: list[int], kept: list[int]) -> list[int]:
+        """The generated ids a row ran that are its own: after it stops (or a stop string cut it), the ids it ran
+        are not."""
+        n = 0
         while n < min(len(ran), len(kept)) and ran[n] == kept[n]:
             n += 1
-        kvr.keep_row(self.kv_store, batch, row, [(k[j:j + 1], v[j:j + 1]) for k, v in layers], mask[j], ran[:n])
+        return ran[:n]
 
     def _weights_version(self) -> int:
         """Changes whenever a parameter is replaced or written in place (an optimizer step, a merge, a load)."""

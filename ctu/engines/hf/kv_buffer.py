@@ -14,7 +14,7 @@ behind; the next step copies them into a new buffer of the same room.
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 
 class BufferedLayer(DynamicLayer):
@@ -77,4 +77,31 @@ def preallocate(cache, more: int) -> None:
             layer.__class__ = BufferedLayer
             layer._allocate(layer.keys.shape[-2] + more)  # type: ignore[attr-defined]  # a BufferedLayer now
         elif type(layer) is BufferedLayer and layer.keys is not None:
-            layer._allocate(max(layer.capacity, layer.keys.shape[-2] + more))
+            if not layer._owns() or layer.keys.shape[-2] + more > layer.capacity:  # type: ignore[attr-defined]
+                layer._allocate(max(layer.capacity, layer.keys.shape[-2] + more))  # type: ignore[attr-defined]
+
+
+def release_layer(cache, index: int) -> None:
+    """Let go of layer ``index`` of ``cache`` (its keys, values and buffers): the cache is not used after this."""
+    layer = cache.layers[index]
+    layer.keys = layer.values = None
+    if isinstance(layer, BufferedLayer):
+        layer._key_buffer = layer._value_buffer = None
+
+
+def adopt(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    """A cache of :class:`BufferedLayer`s over ``layers``' tensors as they are, without a copy: each (keys, values)
+    view of the first positions of a larger tensor keeps that tensor as its buffer (room to grow in place); a whole
+    tensor is its own buffer. (``DynamicCache(ddp_cache_data=...)`` concatenates every layer onto an empty one: a
+    second copy of the whole cache while the first is still held.)"""
+    cache = DynamicCache()
+    cache.layers = []
+    for keys, values in layers:
+        layer = BufferedLayer()
+        layer.lazy_initialization(keys, values)
+        layer._key_buffer = keys if keys._base is None else keys._base
+        layer._value_buffer = values if values._base is None else values._base
+        layer.capacity = layer._key_buffer.shape[-2]
+        layer.keys, layer.values = keys, values
+        cache.layers.append(layer)
+    return cache

@@ -19,7 +19,7 @@ attention mask over the padding and position ids that skip it, as :func:`ctu.eng
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +27,7 @@ import torch
 from ctu.engines.hf.shared_prefix import MIN_SHARED, common_prefix_length
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [1, heads, length, head_dim]
+GONE = (torch.empty(0), torch.empty(0))  # a layer let go once copied (:func:`assemble`, :func:`keep_rows`)
 
 
 @dataclass(eq=False)
@@ -200,10 +201,12 @@ def plan(store: KVStore, prompt_ids: Sequence[Sequence[int]], make_prefix) -> Ba
     return batch
 
 
-def assemble(batch: Batch, pad_id: int, device, make_cache):
+def assemble(batch: Batch, pad_id: int, device, make_cache, generate: int = 0):
     """(input ids [B, W], attention mask [B, S + C + W], position ids [B, W], cache or None) for ``batch``.
 
-    ``make_cache(per-layer (keys, values))`` builds the model's cache object from [B, heads, S + C, dim] tensors.
+    ``make_cache(per-layer (keys, values))`` builds the model's cache object from [B, heads, S + C, dim] tensors:
+    with ``generate`` > 0, views of the first positions of buffers with room for the new ids and ``generate`` more
+    (:func:`ctu.engines.hf.kv_buffer.adopt` keeps them as the cache's buffers: no copy as the cache grows).
     The rows let go of the cached KV they were planned with (the store dropped those entries already), so a decode
     holds its batch's KV once, not also the entries it continues.
     """
@@ -225,20 +228,28 @@ def assemble(batch: Batch, pad_id: int, device, make_cache):
     if past == 0:
         return ids, mask, positions, None
     template = prefix.kv if prefix is not None else next(r.cached for r in rows if r.cached is not None)
+    lengths = [r.cached_length for r in rows]
     layers = []
-    for layer, (k0, v0) in enumerate(template):
-        keys = k0.new_zeros((size, k0.shape[1], past, k0.shape[3]))
-        values = v0.new_zeros((size, v0.shape[1], past, v0.shape[3]))
+    for layer in range(len(template)):
+        k0, v0 = template[layer]
+        room = past + (width_new + generate if generate else 0)
+        keys = k0.new_empty((size, k0.shape[1], room, k0.shape[3]))[:, :, :past].zero_()
+        values = v0.new_empty((size, v0.shape[1], room, v0.shape[3]))[:, :, :past].zero_()
+        del k0, v0
         if prefix is not None:
             keys[:, :, :shared] = prefix.kv[layer][0]
             values[:, :, :shared] = prefix.kv[layer][1]
         for i, r in enumerate(rows):
             if r.cached is not None:
-                c = r.cached_length
-                keys[i, :, past - c:] = r.cached[layer][0][0]
-                values[i, :, past - c:] = r.cached[layer][1][0]
+                keys[i, :, past - lengths[i]:] = r.cached[layer][0][0]
+                values[i, :, past - lengths[i]:] = r.cached[layer][1][0]
+        for r in rows:  # this layer is in the batch: the continued entries' copy of it is freed now, so that the
+            if r.cached is not None:  # batch's KV and the entries' are never held whole together
+                r.cached[layer] = GONE
+            if r.used is not None:
+                r.used.kv[layer] = GONE
         layers.append((keys, values))
-    for r in rows:  # copied into the batch: the continued entries' KV is freed now, not after the whole decode
+    for r in rows:
         r.cached, r.used = None, None
     return ids, mask, positions, make_cache(layers)
 
@@ -249,12 +260,43 @@ def keep_row(store: KVStore, batch: Batch, i: int, layers: KV, mask: torch.Tenso
     ``layers``: per-layer (keys, values) [1, heads, T, dim] of this row; ``mask`` [T] its attention mask (columns
     after the row's valid tokens may hold ids run after it stopped: only the first ``len(prompt) + len(fed)`` real
     columns are kept)."""
+    own = _own_columns(batch, i, mask, fed)
+    if own is not None:
+        _add(store, batch, i, fed, [(k.index_select(2, own), v.index_select(2, own)) for k, v in layers])
+
+
+def keep_rows(store: KVStore, batch: Batch, picks: Sequence[tuple[int, int, Sequence[int]]], layers: KV,
+              mask: torch.Tensor, release: Callable[[int], None]) -> None:
+    """Store the KV of the rows of a batch that ends, layer by layer. ``picks``: (prompt row ``i``, batch row ``j``,
+    the generated ids ``fed`` it ran); ``layers`` the batch's per-layer (keys, values) [B, heads, T, dim]; ``mask``
+    [B, T]. Each layer of the batch is let go (``layers[l]``, and ``release(l)`` for the cache's own reference) once
+    the rows' copies of it are made: the batch's KV and the stored copies are never held whole together."""
+    columns = [(i, j, fed, _own_columns(batch, i, mask[j], fed)) for i, j, fed in picks]
+    kept: list[KV] = [[] for _ in columns]
+    for layer in range(len(layers)):
+        k, v = layers[layer]
+        for n, (_, j, _, own) in enumerate(columns):
+            if own is not None:
+                kept[n].append((k[j:j + 1].index_select(2, own), v[j:j + 1].index_select(2, own)))
+        del k, v
+        layers[layer] = GONE
+        release(layer)
+    for (i, _, fed, own), kv in zip(columns, kept, strict=True):
+        if own is not None:
+            _add(store, batch, i, fed, kv)
+
+
+def _own_columns(batch: Batch, i: int, mask: torch.Tensor, fed: Sequence[int]) -> torch.Tensor | None:
+    """The batch columns of row ``i``'s own KV (after a shared prefix it runs on), from its attention mask [T]; None
+    when fewer real columns than its prompt and ``fed`` hold were run."""
     row = batch.rows[i]
-    ids = row.prompt + tuple(fed)
-    real = mask.nonzero().squeeze(-1)[:len(ids)]
-    if len(real) < len(ids):
-        return
-    shared = len(batch.prefix.ids) if batch.prefix is not None and row.on_prefix else 0
-    own = real[shared:]
-    kv = [(k.index_select(2, own), v.index_select(2, own)) for k, v in layers]
-    store.add(Entry(ids, batch.prefix if row.on_prefix else None, kv))
+    n = len(row.prompt) + len(fed)
+    real = mask.nonzero().squeeze(-1)[:n]
+    if len(real) < n:
+        return None
+    return real[len(batch.prefix.ids) if batch.prefix is not None and row.on_prefix else 0:]
+
+
+def _add(store: KVStore, batch: Batch, i: int, fed: Sequence[int], kv: KV) -> None:
+    row = batch.rows[i]
+    store.add(Entry(row.prompt + tuple(fed), batch.prefix if row.on_prefix else None, kv))

@@ -8,6 +8,7 @@ import torch
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from ctu.engines.base import SamplingParams
+from ctu.engines.hf import decode_attention
 from ctu.engines.hf.decode_attention import NAME, grouped_decode_attention, use_grouped_decode
 from ctu.engines.hf.engine import HFEngine
 from ctu.engines.hf.hf_api import cache_of, with_cache
@@ -42,6 +43,27 @@ def test_one_query_token_attends_as_transformers_eager_attention(heads, kv_heads
         theirs, _ = eager_attention_forward(module, q, k, v, additive if masked else None, scaling=0.25)
         assert ours.shape == theirs.shape == (4, 1, heads, 16) and ours.dtype == dtype
         torch.testing.assert_close(ours.float(), theirs.float(), rtol=tol, atol=tol)
+
+
+
+def test_decode_steps_without_gradients_reuse_one_workspace_and_give_the_allocating_paths_numbers():
+    """Without gradients (a decode) the scores and probabilities go into a workspace kept per thread: the same
+    numbers as the path that allocates them, and no new memory as a decode's positions grow one a step (tensors
+    allocated anew each step of each layer left glibc's heap holes too small for the next step's: the quickstart's
+    bf16 evaluations grew by ~1.5 GiB within each generation call)."""
+    module = Heads(9, 3)
+    q, k, v, mask = inputs(torch.bfloat16, length=40)
+    with torch.no_grad():
+        big, _ = grouped_decode_attention(module, q, k, v, mask, scaling=0.25)  # the workspace's size is set here
+    spaces = {key: buf.data_ptr() for key, buf in decode_attention._SPACE.spaces.items()}
+    for length in range(20, 40):  # a decode's steps, over the first positions of the same cache
+        with torch.inference_mode():
+            ours, _ = grouped_decode_attention(module, q, k[:, :, :length], v[:, :, :length], mask[..., :length],
+                                               scaling=0.25)
+        allocated, _ = grouped_decode_attention(module, q, k[:, :, :length], v[:, :, :length], mask[..., :length],
+                                                scaling=0.25)  # gradients on: the allocating path
+        assert torch.equal(ours, allocated), length
+    assert {key: buf.data_ptr() for key, buf in decode_attention._SPACE.spaces.items()} == spaces
 
 
 def test_more_query_tokens_are_sdpa_s():
