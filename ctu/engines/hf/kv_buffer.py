@@ -77,8 +77,8 @@ def preallocate(cache, more: int) -> None:
             layer.__class__ = BufferedLayer
             layer._allocate(layer.keys.shape[-2] + more)  # type: ignore[attr-defined]  # a BufferedLayer now
         elif type(layer) is BufferedLayer and layer.keys is not None:
-            if not layer._owns() or layer.keys.shape[-2] + more > layer.capacity:  # type: ignore[attr-defined]
-                layer._allocate(max(layer.capacity, layer.keys.shape[-2] + more))  # type: ignore[attr-defined]
+            if not layer._owns() or layer.keys.shape[-2] + more > layer.capacity:
+                layer._allocate(max(layer.capacity, layer.keys.shape[-2] + more))
 
 
 def release_layer(cache, index: int) -> None:
