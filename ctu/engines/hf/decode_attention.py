@@ -39,7 +39,7 @@ def grouped_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: 
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)
         # a prefill over a cache: sdpa with its key/value heads as they are (transformers repeats them 3x first for
-        # a CPU mask: a new tensor per layer, whose memory glibc did not reuse: +1.1 GiB over a 32-row prefill)
+        # a CPU mask: two new tensors per layer; the same output, ~20% faster at 32 x 67 over 600 positions)
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
                                              enable_gqa=True)
         return out.transpose(1, 2).contiguous(), None
@@ -81,8 +81,7 @@ def _probs_in_place(key: torch.Tensor, grouped: torch.Tensor, mask: torch.Tensor
                     dtype: torch.dtype) -> torch.Tensor:
     """:func:`_probs`, the same operations into a workspace kept per thread: a decode step's scores grow by one
     position, and tensors allocated anew each step of each layer (4 a layer, ~1.4 MB at batch 32 over ~500
-    positions) left glibc's heap holes too small for the next step's: the quickstart's bf16 evaluations grew by
-    ~1.5 GiB within each generation call. Valid until this thread's next call."""
+    positions) leave glibc's heap holes too small for the next step's. Valid until this thread's next call."""
     shape = (key.shape[0], key.shape[1], key.shape[2], grouped.shape[2])
     scores = torch.matmul(key, grouped.transpose(-1, -2), out=_space(0, shape, key.dtype, key.device))
     scores.mul_(scale)

@@ -230,9 +230,9 @@ def assemble(batch: Batch, pad_id: int, device, make_cache, generate: int = 0):
     template = prefix.kv if prefix is not None else next(r.cached for r in rows if r.cached is not None)
     lengths = [r.cached_length for r in rows]
     layers = []
+    room = past + (width_new + generate if generate else 0)
     for layer in range(len(template)):
         k0, v0 = template[layer]
-        room = past + (width_new + generate if generate else 0)
         keys = k0.new_empty((size, k0.shape[1], room, k0.shape[3]))[:, :, :past].zero_()
         values = v0.new_empty((size, v0.shape[1], room, v0.shape[3]))[:, :, :past].zero_()
         del k0, v0

@@ -49,8 +49,7 @@ def test_one_query_token_attends_as_transformers_eager_attention(heads, kv_heads
 def test_decode_steps_without_gradients_reuse_one_workspace_and_give_the_allocating_paths_numbers():
     """Without gradients (a decode) the scores and probabilities go into a workspace kept per thread: the same
     numbers as the path that allocates them, and no new memory as a decode's positions grow one a step (tensors
-    allocated anew each step of each layer left glibc's heap holes too small for the next step's: the quickstart's
-    bf16 evaluations grew by ~1.5 GiB within each generation call)."""
+    allocated anew each step of each layer leave glibc's heap holes too small for the next step's)."""
     module = Heads(9, 3)
     q, k, v, mask = inputs(torch.bfloat16, length=40)
     with torch.no_grad():
