@@ -154,24 +154,46 @@ def test_an_engine_that_keeps_its_old_weights_stops_the_run(tmp_path, cpu_only, 
 def test_partial_rollouts_keep_the_staleness_bound(tmp_path, cpu_only, monkeypatch, mode):
     """The in-process hf engine (the quickstart's placement). trainer.inflight=abort|continue: a load stops the
     producer's generation calls at a token boundary (the engine's own test pins the tokens and logprobs); the run
-    trains as before, every token within k versions. Here the engine decodes a token each 30 ms (tiny-random alone
-    would finish the groups ahead before the update ends) and each load after the first waits (up to 10 s) until a
-    generation call is decoding, so there is one to stop. finish (the default: the call ends first, nothing is
-    stopped) is pinned by the engine's test and, in the loop at k = 1, by tests/e2e/test_train_async.py."""
+    trains as before, every token within k versions. Here the engine decodes a token each 30 ms and, from the moment
+    a step has taken its groups until its load is pending (up to 30 s), holds each decode step at its token
+    boundary (not a call's start, where a load stops nothing): the next step's groups cannot finish before the update
+    ends on a machine of any speed or load (seen on a busy CI machine before: no row in flight at either load). finish (the
+    default: the call ends first, nothing is stopped) is pinned by the engine's test and, in the loop at k = 1, by
+    tests/e2e/test_train_async.py."""
+    from ctu.app.async_loop import AsyncRollouts
     from ctu.engines.hf.engine import HFEngine
 
-    monkeypatch.setattr("ctu.engines.cpu.cpu_share.pace", lambda share: time.sleep(0.03))
-    real = HFEngine.update_weights
+    hold, engines = threading.Event(), []
 
-    def when_decoding(self, named_tensors, version=None):
-        # the lock alone is no sign: a call holds it while it prepares (under load, the CPU-sharing probe's run),
-        # and a load that comes then stops the call before any row is sampled
-        deadline, steps = time.monotonic() + 10, self.decode_steps
-        while version and not (self._lock.locked() and self.decode_steps > steps) and time.monotonic() < deadline:
-            time.sleep(0.001)
-        return real(self, named_tensors, version)
+    def pace(share):
+        time.sleep(0.03)
+        if sys._getframe(1).f_code.co_name != "_generate_batch":  # a call's start: a load then stops nothing
+            return
+        deadline = time.monotonic() + 30
+        while hold.is_set() and not any(e._pending_loads for e in engines) and time.monotonic() < deadline:
+            time.sleep(0.002)
 
-    monkeypatch.setattr(HFEngine, "update_weights", when_decoding)
+    real_collect, real_update = AsyncRollouts.collect, HFEngine.update_weights
+
+    def collect(self):
+        out = real_collect(self)
+        if self.trainer.step < self.trainer.config.trainer.max_steps:  # the last step stops the producer instead
+            hold.set()
+        return out
+
+    def update_weights(self, named_tensors, version=None):
+        if self not in engines:
+            engines.append(self)
+        try:
+            return real_update(self, named_tensors, version)
+        finally:
+            hold.clear()
+
+    monkeypatch.setattr("ctu.engines.cpu.cpu_share.pace", pace)
+    # the CPU-sharing probe (on a busy machine) is a generation call of its own, never stopped: not this test's
+    monkeypatch.setattr("ctu.engines.cpu.cpu_threads.due", lambda kind: False)
+    monkeypatch.setattr(AsyncRollouts, "collect", collect)
+    monkeypatch.setattr(HFEngine, "update_weights", update_weights)
     _, rows = run_k(tmp_path / "run", f"trainer.inflight={mode}", "sampling.max_tokens=32")
     check_async_rows(rows)
     assert sum(r["async/interrupted_rows"] for r in rows) > 0  # a load stopped rows the producer was sampling
