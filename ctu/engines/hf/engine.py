@@ -27,7 +27,7 @@ from ctu.engines.hf.decode_copy import DecodeCopy, resolve_decode_dtype
 from ctu.engines.hf.hf_api import cache_of, with_cache
 from ctu.engines.hf.kv_buffer import adopt, plain_layers, preallocate, release_layer
 from ctu.engines.hf.sampling import sample_next
-from ctu.engines.hf.shared_prefix import prefill
+from ctu.engines.hf.shared_prefix import last_logits, prefill
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -205,7 +205,7 @@ class HFEngine(Engine):
             ids, mask, positions, cache = kvr.assemble(batch, self.pad_id, self.device, adopt,
                                                        generate=max(budgets, default=0))
             out = self._net(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache(cache),
-                             use_cache=True, logits_to_keep=1)
+                             use_cache=True, **last_logits(ids))
             logits, past, positions = out.logits[:, -1, :], cache_of(out), positions[:, -1:]
         else:
             logits, past, mask, positions = prefill(self._net, prompts, self.pad_id)
@@ -281,7 +281,7 @@ class HFEngine(Engine):
     def _prefix_kv(self, ids: tuple[int, ...]) -> kvr.Prefix | None:
         """The KV of a shared prefix (batch 1), or None when the model's cache cannot be reused (sliding windows)."""
         prefix = torch.tensor([list(ids)], device=self.device)
-        out = self._net(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, logits_to_keep=1)
+        out = self._net(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, **last_logits(prefix))
         layers = plain_layers(cache_of(out))
         return None if layers is None else kvr.Prefix(tuple(ids), layers)
 
