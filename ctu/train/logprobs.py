@@ -91,7 +91,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         recompute = torch.is_grad_enabled() and positions.numel() > size  # several chunks: bound what is kept
         chosen_parts, entropy_parts = [], []
         for start in range(0, positions.numel(), size):
-            h, t = states[:, start:start + size], targets[:, start:start + size]
+            # contiguous: torch's CPU bf16 linear expands the head's weight to a copy per row for a strided slice
+            h, t = states[:, start:start + size].contiguous(), targets[:, start:start + size]
             if recompute:
                 chosen, ent = checkpoint(fn, h, t, use_reentrant=False)
             else:

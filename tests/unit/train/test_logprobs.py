@@ -178,3 +178,17 @@ def test_one_chunk_keeps_its_logits_for_backward_and_several_recompute_theirs(mo
     chunks = -(-positions // 8)
     assert calls == 2 * chunks
     assert saved <= 2 * rows * 8 * VOCAB  # the recompute's own, one chunk at a time
+
+
+def test_the_head_gets_each_chunk_contiguous(model):
+    """A chunk of several rows is a strided slice of the hidden states; torch's CPU bf16 ``linear`` expands the head's
+    weight to a copy per row for such an input (tests/unit/engines/hf/test_head_memory.py), so a bf16 model's
+    scoring passes hand the head each chunk as a contiguous tensor."""
+    ids, attn, needed = batch()
+    seen = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
+    try:
+        token_logprobs(model, ids, attn, needed=needed, chunk=3)
+    finally:
+        hook.remove()
+    assert len(seen) > 1 and all(seen)
