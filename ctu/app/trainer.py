@@ -242,6 +242,7 @@ class Trainer:
         rollout_s = time.perf_counter() - started
         excluded = [tr.stop_reason == "error" or g not in chosen for tr, g in zip(trajectories, groups, strict=True)]
         update_started = time.perf_counter()
+        self._engine_idles()
         self.sync.before_update()  # a colocated engine sleeps from here: the KL scoring below is trainer work too
         work_started = time.perf_counter()  # async: what the engines sample from here overlaps the trainer's work
         kl_penalties = [0.0] * len(trajectories)
@@ -302,6 +303,12 @@ class Trainer:
         return replayed_demos(self.replay_pool, t.sft_replay, t.sft_replay_advantage,
                               self.config.run.seed * 1_000_003 + self.step) if t.sft_replay else []
 
+    def _engine_idles(self) -> None:
+        """In the synchronous loop nothing generates through an update: the in-process engine frees what the update
+        makes stale (the bf16 decode copy's weights, ~270 MB for SmolLM2-135M) and makes it again at its next call."""
+        if self.rollouts is None and self.engine is not None:
+            self.engine.idle()
+
     def warm_start(self, demos=None) -> float | None:
         """``trainer.sft_steps`` supervised steps on ``demos`` (default: :func:`warm_start_samples`)."""
         t = self.config.trainer
@@ -324,6 +331,7 @@ class Trainer:
             bar.set_postfix(loss=f"{loss:.3f}")
             bar.update()
 
+        self._engine_idles()
         self.sync.before_update()  # a colocated engine sleeps through the warm start as through an update
         try:
             loss = self.group.sft(demos, batches, on_step=on_step)  # then the KL reference is the warm-started policy

@@ -110,6 +110,10 @@ class Engine(ABC):
     def sleep(self) -> None:  # noqa: B027 - optional hook
         """Free accelerator memory while the trainer runs (colocated engines)."""
 
+    def idle(self) -> None:  # noqa: B027 - optional hook
+        """Nothing generates until the trainer's next weights are in (the in-process synchronous loop): an engine
+        may free what the update makes stale (the hf engine: its decode copy's weights and kept KV)."""
+
     def wake_up(self) -> None:  # noqa: B027 - optional hook
         """Undo ``sleep``."""
 

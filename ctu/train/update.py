@@ -29,6 +29,7 @@ from ctu.config.schema import TrainerConfig
 from ctu.engines.cpu.host_memory import trim_heap
 from ctu.engines.hf.shared_prefix import StepPrefix, packing_prefix
 from ctu.rl.losses import aggregation_weights, kl_penalty, ppo_clip_per_token, truncated_importance_weights
+from ctu.train.cast_once import cast_once
 from ctu.train.logprobs import step_prefix, step_prefix_length
 from ctu.train.policy import Policy, reshard, token_logprobs
 
@@ -331,44 +332,45 @@ def _optimizer_step(policy: Policy, optimizer, samples: list[Sample], old: list[
     token_share = [m / max(1.0, tokens) for m in masks]  # token means (stats, entropy)
     optimizer.zero_grad(set_to_none=True)
     step = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clip_fraction", "mismatch"), 0.0)
-    batches, prefix = _step_batches(policy.model, samples, cfg.micro_batch_tokens, cfg.pack_shared_prefix, reduce)
-    for idx, dummy in _same_count(batches, reduce):
-        zero = [0.0 * weights[i] for i in idx] if dummy or filler else None  # a repeated micro-batch: forwards, adds nothing
-        b = collate([samples[i] for i in idx], device, zero or [weights[i] for i in idx])
-        share = collate([samples[i] for i in idx], device, zero or [token_share[i] for i in idx])["weight"]
-        width = b["mask"].shape[1]
-        logp, entropy = token_logprobs(policy.model, b["ids"], b["attn"], temperature, with_entropy=True,
-                                       needed=b["mask"], entropy_grad=cfg.entropy_coef > 0, prefix=prefix)
-        if old is None:
-            old_b = logp.detach()
-            if not (dummy or filler):
-                step["mismatch"] += float(((old_b - b["sampler"]).abs() * b["measured"]).sum())
-        else:
-            old_b = _pad([old[i] for i in idx], width, device)
-        sampler = torch.where(b["measured"] > 0, b["sampler"], old_b)  # a replayed demo's weight is 1
-        tis = truncated_importance_weights(old_b, sampler, cfg.tis_cap) if cfg.tis_cap else None
-        per_token, clipped = ppo_clip_per_token(logp, old_b, b["adv"], clip_low=cfg.clip_low,
-                                                clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, token_weights=tis)
-        pg = (per_token * b["weight"]).sum()
-        loss = pg
-        # every term of the loss weighs a token as the policy gradient does (stats: unweighted)
-        weight = b["weight"] if tis is None else b["weight"] * tis
-        ent_share = share if tis is None else share * tis
-        if ref is not None:
-            kl_tokens = kl_penalty(logp, _pad([ref[i] for i in idx], width, device), cfg.kl_estimator)
-            loss = loss + cfg.kl_coef * (kl_tokens * weight).sum()
-            step["kl"] += float((kl_tokens * b["weight"]).sum().detach())
-        ent = (entropy * share).sum()
-        if cfg.entropy_coef:
-            loss = loss - cfg.entropy_coef * (entropy * ent_share).sum()
-        loss.backward()
-        trim_heap()  # this micro-batch's freed activations leave the RSS before the next one's differently sized ones
-        step["loss"] += float(loss.detach())
-        step["pg_loss"] += float(pg.detach())
-        step["entropy"] += float(ent.detach())
-        step["clip_fraction"] += float((clipped * share).sum())
-    if prefix is not None:
-        prefix.backward()
+    with cast_once(policy.model):  # each frozen weight cast once a step, equal activations saved once
+        batches, prefix = _step_batches(policy.model, samples, cfg.micro_batch_tokens, cfg.pack_shared_prefix, reduce)
+        for idx, dummy in _same_count(batches, reduce):
+            zero = [0.0 * weights[i] for i in idx] if dummy or filler else None  # a repeated micro-batch: forwards, adds nothing
+            b = collate([samples[i] for i in idx], device, zero or [weights[i] for i in idx])
+            share = collate([samples[i] for i in idx], device, zero or [token_share[i] for i in idx])["weight"]
+            width = b["mask"].shape[1]
+            logp, entropy = token_logprobs(policy.model, b["ids"], b["attn"], temperature, with_entropy=True,
+                                           needed=b["mask"], entropy_grad=cfg.entropy_coef > 0, prefix=prefix)
+            if old is None:
+                old_b = logp.detach()
+                if not (dummy or filler):
+                    step["mismatch"] += float(((old_b - b["sampler"]).abs() * b["measured"]).sum())
+            else:
+                old_b = _pad([old[i] for i in idx], width, device)
+            sampler = torch.where(b["measured"] > 0, b["sampler"], old_b)  # a replayed demo's weight is 1
+            tis = truncated_importance_weights(old_b, sampler, cfg.tis_cap) if cfg.tis_cap else None
+            per_token, clipped = ppo_clip_per_token(logp, old_b, b["adv"], clip_low=cfg.clip_low,
+                                                    clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, token_weights=tis)
+            pg = (per_token * b["weight"]).sum()
+            loss = pg
+            # every term of the loss weighs a token as the policy gradient does (stats: unweighted)
+            weight = b["weight"] if tis is None else b["weight"] * tis
+            ent_share = share if tis is None else share * tis
+            if ref is not None:
+                kl_tokens = kl_penalty(logp, _pad([ref[i] for i in idx], width, device), cfg.kl_estimator)
+                loss = loss + cfg.kl_coef * (kl_tokens * weight).sum()
+                step["kl"] += float((kl_tokens * b["weight"]).sum().detach())
+            ent = (entropy * share).sum()
+            if cfg.entropy_coef:
+                loss = loss - cfg.entropy_coef * (entropy * ent_share).sum()
+            loss.backward()
+            trim_heap()  # this micro-batch's freed activations leave the RSS before the next one's differently sized ones
+            step["loss"] += float(loss.detach())
+            step["pg_loss"] += float(pg.detach())
+            step["entropy"] += float(ent.detach())
+            step["clip_fraction"] += float((clipped * share).sum())
+        if prefix is not None:
+            prefix.backward()
     norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip)
     if hasattr(norm, "full_tensor"):  # sharded (DTensor) gradients: the global norm
         norm = norm.full_tensor()
@@ -423,20 +425,21 @@ def sft_update(policy: Policy, optimizer, samples: Sequence[Sample], token_budge
     was_training = model.training
     model.train()
     try:
-        packed, prefix = _step_batches(model, rows, token_budget, share_prefix, reduce)
-        batches = [(collate([rows[i] for i in idx], policy.device), dummy) for idx, dummy in _same_count(packed, reduce)]
-        local = 0.0 if filler else sum(float(b["mask"].sum()) for b, dummy in batches if not dummy)
-        total = (reduce([local], "sum")[0] if reduce is not None else local) or 1.0
-        loss_sum = 0.0
-        for b, dummy in batches:
-            logp, _ = token_logprobs(model, b["ids"], b["attn"], needed=b["mask"], prefix=prefix)
-            scale = 0.0 if dummy or filler else 1.0
-            loss = -(logp * b["mask"]).sum() * scale / total
-            loss.backward()
-            trim_heap()
-            loss_sum += float(loss.detach())
-        if prefix is not None:
-            prefix.backward()
+        with cast_once(model):
+            packed, prefix = _step_batches(model, rows, token_budget, share_prefix, reduce)
+            batches = [(collate([rows[i] for i in idx], policy.device), dummy) for idx, dummy in _same_count(packed, reduce)]
+            local = 0.0 if filler else sum(float(b["mask"].sum()) for b, dummy in batches if not dummy)
+            total = (reduce([local], "sum")[0] if reduce is not None else local) or 1.0
+            loss_sum = 0.0
+            for b, dummy in batches:
+                logp, _ = token_logprobs(model, b["ids"], b["attn"], needed=b["mask"], prefix=prefix)
+                scale = 0.0 if dummy or filler else 1.0
+                loss = -(logp * b["mask"]).sum() * scale / total
+                loss.backward()
+                trim_heap()
+                loss_sum += float(loss.detach())
+            if prefix is not None:
+                prefix.backward()
     finally:
         model.train(was_training)
     torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)

@@ -49,6 +49,7 @@ class DecodeCopy:
         self.version: object = None
         self.builds = 0  # copies made (once, unless dropped)
         self.refreshes = 0  # weights merged into it again
+        self.released: list[tuple[torch.UntypedStorage, int]] = []  # (storage, bytes) while :meth:`release`d
 
     def get(self, source: torch.nn.Module, version: object) -> torch.nn.Module:
         """The copy of ``source`` at ``version``; ``source`` itself when its weights are in ``dtype`` already."""
@@ -62,14 +63,34 @@ class DecodeCopy:
                 prepare(made, self.dtype)
             self.model, self.version = made, version
             self.builds += 1
-        elif self.version != version:  # the weights changed: merged again into the copy, a tensor at a time
-            refresh(self.model, source)
+        elif self.version != version or self.released:  # changed weights (or none): merged again, a tensor at a time
+            for storage, size in self.released:
+                storage.resize_(size)
+            self.released = []
+            written = refresh(self.model, source)
+            if not {n for n, _ in self.model.named_parameters()} <= written:  # a tensor refresh cannot fill: made anew
+                self.drop()
+                return self.get(source, version)
             self.version = version
             self.refreshes += 1
         return self.model
 
+    def release(self) -> None:
+        """Free the copy's weights while the trainer updates (their storage, ~270 MB for SmolLM2-135M), keeping its
+        modules: the next :meth:`get` allocates them again and merges the weights in, as after any update."""
+        if self.model is None or self.released:
+            return
+        seen: dict[int, tuple[torch.UntypedStorage, int]] = {}
+        for param in self.model.parameters():
+            storage = param.untyped_storage()
+            seen.setdefault(storage.data_ptr(), (storage, storage.nbytes()))
+        for storage, _ in seen.values():
+            storage.resize_(0)
+        self.released = list(seen.values())
+        self.version = None
+
     def drop(self) -> None:
-        self.model, self.version = None, None
+        self.model, self.version, self.released = None, None, []
 
 
 def prepare(model: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -96,10 +117,12 @@ def _plain_name(name: str) -> str | None:
 
 
 @torch.no_grad()
-def refresh(target: torch.nn.Module, source: torch.nn.Module) -> None:
-    """Copy ``source``'s weights into ``target`` (its merged copy), each LoRA delta added in fp32 before one cast."""
+def refresh(target: torch.nn.Module, source: torch.nn.Module) -> set[str]:
+    """Copy ``source``'s weights into ``target`` (its merged copy), each LoRA delta added in fp32 before one cast;
+    the names of ``target``'s parameters written."""
     modules = dict(source.named_modules())
     params = dict(target.named_parameters())
+    written: set[str] = set()
     for name, param in source.named_parameters():
         plain = _plain_name(name)
         if plain is None or plain not in params:
@@ -113,3 +136,5 @@ def refresh(target: torch.nn.Module, source: torch.nn.Module) -> None:
                 for adapter in active:
                     value += owner.get_delta_weight(adapter).to(torch.float32)
         params[plain].copy_(value)
+        written.add(plain)
+    return written

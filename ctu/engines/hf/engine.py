@@ -332,6 +332,19 @@ class HFEngine(Engine):
             finally:
                 self._lock.release()
 
+    def idle(self) -> None:
+        """Free the decode copy's weights and the kept KV now (the next call makes them again from the new weights),
+        unless a generation holds the engine."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self.decode_copy is not None:
+                self.decode_copy.release()
+            if self.kv_store is not None:
+                self.kv_store.clear()
+        finally:
+            self._lock.release()
+
     def _cut_at_stop_string(self, ids: list[int], lps: list[float], stops: Sequence[str]) -> bool:
         """If the decoded text now contains a stop string, keep tokens through the one completing it."""
         if self.tokenizer is None:

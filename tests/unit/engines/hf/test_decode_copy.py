@@ -106,3 +106,36 @@ def test_the_parity_probe_expects_bf16_logprobs_from_a_bf16_decode(monkeypatch):
     assert parity_dtypes(load_config("configs/quickstart.yaml", ["engine.decode_dtype=float32"])) == ("float32",) * 2
     monkeypatch.setenv("CTU_NATIVE_BF16", "0")
     assert parity_dtypes(load_config("configs/quickstart.yaml")) == ("float32", "float32")
+
+
+def test_a_released_copy_frees_its_weights_and_comes_back_merged_without_a_new_copy():
+    model = lora_model()
+    copies = DecodeCopy(torch.bfloat16)
+    made = copies.get(model, version=1)
+    before = sum(p.untyped_storage().nbytes() for p in made.parameters())
+    copies.release()
+    assert all(p.untyped_storage().nbytes() == 0 for p in made.parameters())  # the memory is given back
+    assert before > 0
+    with torch.no_grad():  # the update the copy was released for
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.02)
+    assert copies.get(model, version=2) is made and copies.builds == 1  # the same modules, filled again
+    expected = dict(merged_bf16(model).named_parameters())
+    assert all(torch.equal(p, expected[n]) for n, p in made.named_parameters())
+    copies.release()
+    assert copies.get(model, version=2) is made and copies.refreshes == 2  # the same version, but nothing held: filled
+
+
+def test_the_engine_idles_through_an_update_and_samples_the_new_weights_after():
+    model, tokenizer = lora_model(), load_tokenizer("tiny-random")
+    engine = HFEngine(model, tokenizer, decode_dtype="bfloat16")
+    sampling = {"temperature": 1.0, "top_p": 0.9, "seed": 5}
+    generate(engine, **sampling)
+    engine.idle()
+    assert all(p.untyped_storage().nbytes() == 0 for p in engine.decode_copy.model.parameters())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(-3.0)
+    assert generate(engine, **sampling) == generate(HFEngine(merged_bf16(model), tokenizer), **sampling)

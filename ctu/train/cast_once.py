@@ -1,0 +1,106 @@
+"""An optimizer step's gradient passes under autocast, each frozen weight cast once and equal activations saved once.
+
+Autocast casts a ``Linear``'s fp32 weight to bf16 at every call and saves that cast for backward. An optimizer step
+runs its shared prefix once (its graph kept until the step's backward) and then its micro-batches, so it held two
+casts of every frozen weight (SmolLM2-135M: 2 x 0.27 GB), and each checkpointed logit chunk cast the head again.
+Within :func:`cast_once` the frozen ``Linear``s of a model (LoRA's base layers, a tied head) compute with one cast
+per weight, made at first use and dropped at the end: the bits autocast makes (round to nearest), held once.
+
+Autocast also casts an input once per consumer (q, k, v and each LoRA A read the same normed hidden states, every
+layer the same attention mask), each copy saved. A saved-tensor hook keeps one of equal saved tensors (same dtype,
+shape, strides and values, against the last few saved of that shape). Backward reads the same values, so the
+gradients are the same bits. Only this thread's passes use either (an engine generating in another thread is left
+as it is), and a model sharded by FSDP2 is left as it is (a cache would hold every layer unsharded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections import defaultdict, deque
+
+import torch
+import torch.nn.functional as F
+
+from ctu.engines.cpu.precision import COMPUTE_DTYPE_ATTR, TRAIN_DTYPE_ATTR
+
+_state = threading.local()  # .casts: {id(weight): (version, weight, cast)} while this thread is in cast_once
+PATCHED = "_ctu_cast_once"
+WINDOW = 4  # earlier saved tensors of the same shape a saved tensor is compared with
+SMALLEST = 4096  # elements: smaller saved tensors are kept as they are
+
+
+def _frozen_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad
+            and m.weight.dtype == torch.float32 and type(m.weight) in (torch.Tensor, torch.nn.Parameter)]
+
+
+def _cached_forward(module: torch.nn.Linear, plain):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        casts = getattr(_state, "casts", None)
+        weight = module.weight
+        device = weight.device.type
+        if casts is None or not torch.is_autocast_enabled(device):
+            return plain(x)
+        dtype = torch.get_autocast_dtype(device)
+        key = id(weight)
+        held = casts.get(key)
+        if held is None or held[0] != weight._version or held[1] is not weight:
+            held = (weight._version, weight, weight.detach().to(dtype))
+            casts[key] = held
+        bias = None if module.bias is None else module.bias.to(dtype)
+        return F.linear(x.to(dtype) if x.is_floating_point() else x, held[2], bias)
+    return forward
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+class _SavedOnce:
+    """Saved-tensor hooks that keep one of equal saved tensors (compared by value; weak references only)."""
+
+    def __init__(self):
+        self.recent: dict[tuple, deque] = defaultdict(lambda: deque(maxlen=WINDOW))
+        self.kept = 0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        # detached: a saved tensor kept with its own grad_fn would hold the graph that holds it, a reference cycle
+        # that nothing frees where backward does not pass (a leak of ~0.18 GiB an update, measured)
+        if t.dtype not in (torch.bfloat16, torch.float16) or t.numel() < SMALLEST or t.layout != torch.strided:
+            return t.detach()
+        window = self.recent[(t.dtype, t.device, tuple(t.shape), t.stride())]
+        for ref in window:
+            seen = ref()
+            if seen is not None and (seen.data_ptr() == t.data_ptr() or torch.equal(seen, t)):
+                self.kept += seen.data_ptr() != t.data_ptr()
+                return seen
+        kept = t.detach()
+        window.append(weakref.ref(kept))
+        return kept
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+@contextlib.contextmanager
+def cast_once(model: torch.nn.Module):
+    """This thread's passes over ``model`` inside: frozen ``Linear`` weights cast once, equal saved tensors saved
+    once (see the module's doc). Nothing changes where autocast is off or the model is sharded."""
+    dtypes = {getattr(model, TRAIN_DTYPE_ATTR, None), getattr(model, COMPUTE_DTYPE_ATTR, None)} - {None, torch.float32}
+    if not dtypes or getattr(_state, "casts", None) is not None or _sharded(model):  # fp32, nested, FSDP2: as it is
+        yield
+        return
+    for module in _frozen_linears(model):
+        if not getattr(module, PATCHED, False):
+            module.forward = _cached_forward(module, module.forward)
+            setattr(module, PATCHED, True)
+    saved = _SavedOnce()
+    _state.casts = {}
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+            yield
+    finally:
+        _state.casts = None
