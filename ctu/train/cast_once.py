@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import types
 import weakref
 from collections import defaultdict, deque
 
@@ -32,26 +33,25 @@ SMALLEST = 4096  # elements: smaller saved tensors are kept as they are
 
 
 def _frozen_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
-    return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad
+    return [m for m in model.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad
             and m.weight.dtype == torch.float32 and type(m.weight) in (torch.Tensor, torch.nn.Parameter)]
 
 
-def _cached_forward(module: torch.nn.Linear, plain):
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        casts = getattr(_state, "casts", None)
-        weight = module.weight
-        device = weight.device.type
-        if casts is None or not torch.is_autocast_enabled(device):
-            return plain(x)
-        dtype = torch.get_autocast_dtype(device)
-        key = id(weight)
-        held = casts.get(key)
-        if held is None or held[0] != weight._version or held[1] is not weight:
-            held = (weight._version, weight, weight.detach().to(dtype))
-            casts[key] = held
-        bias = None if module.bias is None else module.bias.to(dtype)
-        return F.linear(x.to(dtype) if x.is_floating_point() else x, held[2], bias)
-    return forward
+def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``Linear.forward``, with this thread's cached cast of the weight inside :func:`cast_once` under autocast.
+    Bound to its module as a method, so a copy of the model (the engine's decode copy) computes with its own."""
+    casts = getattr(_state, "casts", None)
+    weight = self.weight
+    device = weight.device.type
+    if casts is None or weight.requires_grad or weight.dtype != torch.float32 or not torch.is_autocast_enabled(device):
+        return torch.nn.Linear.forward(self, x)
+    dtype = torch.get_autocast_dtype(device)
+    held = casts.get(id(weight))
+    if held is None or held[0] != weight._version or held[1] is not weight:
+        held = (weight._version, weight, weight.detach().to(dtype))
+        casts[id(weight)] = held
+    bias = None if self.bias is None else self.bias.to(dtype)
+    return F.linear(x.to(dtype) if x.is_floating_point() else x, held[2], bias)
 
 
 def _sharded(model: torch.nn.Module) -> bool:
@@ -95,7 +95,7 @@ def cast_once(model: torch.nn.Module):
         return
     for module in _frozen_linears(model):
         if not getattr(module, PATCHED, False):
-            module.forward = _cached_forward(module, module.forward)
+            module.forward = types.MethodType(_forward, module)
             setattr(module, PATCHED, True)
     saved = _SavedOnce()
     _state.casts = {}

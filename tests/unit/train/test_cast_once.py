@@ -72,6 +72,7 @@ def step(monkeypatch, off: bool, graphs: list | None = None):
         graphs[:] = [prefix + g for g in graphs]
     frozen = [m.weight for m in cast_once._frozen_linears(policy.model)]
     trainable = {tuple(p.shape) for p in policy.trainable_parameters()}
+    step.policy = policy
     step.trainable = trainable | {s[::-1] for s in trainable}  # LoRA's own casts, a few KB: made at each use
     return stats, {n: p.detach() - before[n] for n, p in policy.model.named_parameters() if p.requires_grad}, frozen
 
@@ -135,3 +136,18 @@ def test_nothing_saved_for_backward_outlives_the_step(monkeypatch):
     gc.collect()
     refs = [ref for saved in made for window in saved.recent.values() for ref in window]
     assert made and refs and all(ref() is None for ref in refs)
+
+
+def test_a_copy_of_the_model_made_after_a_step_computes_with_its_own_weights(monkeypatch):
+    """The engine's decode copy is a deep copy of the policy, made at its first generation, which may come after an
+    update (``trainer.eval_before_train=false``): its layers must not call back into the fp32 policy's."""
+    from ctu.engines.hf.decode_copy import DecodeCopy
+
+    step(monkeypatch, off=False)
+    policy = step.policy
+    made = DecodeCopy(torch.bfloat16).get(policy.model, version=1)
+    ids = torch.tensor([[1, 5, 9, 13, 2]])
+    with torch.no_grad():
+        logits = made(input_ids=ids).logits
+        reference = DecodeCopy(torch.bfloat16).get(policy.model, version=1)(input_ids=ids).logits
+    assert logits.dtype == torch.bfloat16 and torch.equal(logits, reference)
