@@ -95,7 +95,7 @@ def cast_once(model: torch.nn.Module):
         return
     for module in _frozen_linears(model):
         if not getattr(module, PATCHED, False):
-            module.forward = types.MethodType(_forward, module)
+            module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
             setattr(module, PATCHED, True)
     saved = _SavedOnce()
     _state.casts = {}
