@@ -63,7 +63,6 @@ class _SavedOnce:
 
     def __init__(self):
         self.recent: dict[tuple, deque] = defaultdict(lambda: deque(maxlen=WINDOW))
-        self.kept = 0
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         # detached: a saved tensor kept with its own grad_fn would hold the graph that holds it, a reference cycle
@@ -74,7 +73,6 @@ class _SavedOnce:
         for ref in window:
             seen = ref()
             if seen is not None and (seen.data_ptr() == t.data_ptr() or torch.equal(seen, t)):
-                self.kept += seen.data_ptr() != t.data_ptr()
                 return seen
         kept = t.detach()
         window.append(weakref.ref(kept))
