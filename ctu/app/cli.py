@@ -377,8 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``ctu`` program (``argv`` None), its command line is redacted once parsed, and both stay so until it exits
     (a ``--debug`` traceback included)."""
     from ctu.config.redact_io import redact_argv, redact_stream, redacted_console
-    from ctu.engines.cpu import cpu_threads
+    from ctu.engines.cpu import cpu_threads, kernel_cache
     cpu_threads.apply()  # OpenMP reads its wait policy when torch loads: before any command imports torch
+    kernel_cache.bound()  # oneDNN reads its cache sizes when it first computes
     if argv is None:
         redact_stream(sys.stdout)
         redact_stream(sys.stderr)

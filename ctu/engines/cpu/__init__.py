@@ -1,1 +1,1 @@
-"""CPU policy: threads chosen at start (cpu_threads), sharing the CPUs with other programs (cpu_share), bf16 precision by what the CPU computes natively (precision), host memory handed back (host_memory)."""
+"""CPU policy: threads chosen at start (cpu_threads), sharing the CPUs with other programs (cpu_share), bf16 precision by what the CPU computes natively (precision), host memory handed back (host_memory), oneDNN's kernel caches bounded (kernel_cache)."""
