@@ -114,22 +114,44 @@ def test_an_off_by_one_nucleus_edge_is_rejected(monkeypatch):
     assert chi2_rejects(tokens, exact(logits, temperature, top_p))
 
 
-def test_rows_of_one_batch_settled_by_different_looks_each_follow_their_own_distribution():
-    """Rows whose nucleus is found in the first look, the second, or only by sorting the row whole, interleaved in
-    one batch: each row's draws come from its own truncated distribution (looks of 4 and 16 over 64 tokens)."""
+def test_rows_of_one_batch_settled_by_different_floors_and_looks_each_follow_their_own_distribution():
+    """Rows whose nucleus is found above the floor, in the first look, the second, or only by sorting the row whole,
+    interleaved in one batch: each row's draws come from its own truncated distribution (a floor of 0.1, looks of 4
+    and 16 over 32 tokens)."""
     wide = torch.randn(VOCAB, generator=torch.Generator().manual_seed(2)) * 0.3  # a nucleus of 28 tokens: sorted
     medium = torch.cat([torch.randn(10, generator=torch.Generator().manual_seed(3)) + 6, torch.zeros(VOCAB - 10)])
-    kinds = [1.6 * row("peaked"), medium, wide]  # nuclei of 2 (found in the top 4) and 7 (in the top 16) tokens
-    widths = [None if ids is None else ids.shape[-1] for _, ids, _ in
-              sampling.candidates(torch.softmax(torch.stack(kinds), -1), 0.9, looks=(4, 16))]
-    assert widths == [4, 16, None]
+    tied = torch.cat([torch.full((6,), 4.0), torch.zeros(VOCAB - 6)])  # six equal tokens of 0.154: the floor's
+    kinds = [1.6 * row("peaked"), medium, wide, tied]  # nuclei of 2 (in the top 4) and 7 (in the top 16)
+    probs = torch.softmax(torch.stack(kinds), -1)
+    groups = sampling.candidates(probs, 0.9, looks=(4, 16), floors=(0.1,))
+    assert [(rows.tolist(), None if ids is None else ids.shape[-1]) for rows, ids, _ in groups] == \
+        [([3], 7), ([0], 4), ([1], 16), ([2], None)]  # 6 tokens above the floor and a zero column
+    assert [ids is None for _, ids, _ in sampling.candidates(probs, 0.9, looks=(4, 16), floors=())] == [False, False, True]
     logits = torch.stack(kinds).repeat(DRAWS, 1)
     params = SamplingParams(temperature=1.0, top_p=0.9)
-    tokens, logprobs = sample_next(logits, params, torch.Generator().manual_seed(0), looks=(4, 16))
+    tokens, logprobs = sample_next(logits, params, torch.Generator().manual_seed(0), looks=(4, 16), floors=(0.1,))
     for i, x in enumerate(kinds):
         want = exact(x, 1.0, 0.9)
-        assert not chi2_rejects(tokens[i::3], want), i
-        torch.testing.assert_close(logprobs[i::3].double(), want.log()[tokens[i::3]], rtol=0, atol=2e-6)
+        assert not chi2_rejects(tokens[i::4], want), i
+        torch.testing.assert_close(logprobs[i::4].double(), want.log()[tokens[i::4]], rtol=0, atol=2e-6)
+
+
+def test_a_floor_keeps_the_candidates_a_whole_sort_keeps():
+    """Over rows as a 135M model's decode gives them (49,152 entries, peaked to flat), the floor's candidates are
+    the whole sort's, token for token and probability for probability, wherever the floor settles a row."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(24, 49152, generator=g) * torch.linspace(0.5, 4.0, 24)[:, None]
+    logits[:, :30] += torch.linspace(14, 2, 30)
+    probs = torch.softmax(logits, -1)
+    [(_, _, whole)] = sampling.candidates(probs, 0.95, looks=(), floors=())
+    settled_any = 0
+    for rows, ids, kept in sampling.candidates(probs, 0.95, looks=(), floors=(1e-4,)):
+        if ids is None:
+            continue
+        settled_any += len(rows)
+        spread = torch.zeros(len(rows), 49152).scatter_add(-1, ids, kept)
+        assert torch.equal(spread, whole[rows])
+    assert 0 < settled_any < len(probs)
 
 
 @pytest.mark.parametrize("top_p, top_k", [(1.0, 0), (0.9, 0), (1.0, 12)])
