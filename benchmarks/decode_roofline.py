@@ -32,9 +32,10 @@ import os
 import time
 from contextlib import nullcontext
 
-from ctu.engines.cpu import cpu_threads
+from ctu.engines.cpu import cpu_threads, kernel_cache
 
 CHOICE = cpu_threads.apply()  # threads and OpenMP waits as ``ctu`` sets them: before torch loads
+kernel_cache.bound()  # oneDNN's kernel caches as ``ctu`` bounds them
 
 from unittest import mock  # noqa: E402
 

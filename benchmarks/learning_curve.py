@@ -37,10 +37,13 @@ from ctu.app.evaluate import episode_specs, progress_bar, write_report
 from ctu.app.trainer import Trainer
 from ctu.config.schema import load_config
 from ctu.distributed.group import sft_batches
+from ctu.engines.cpu import kernel_cache
 from ctu.engines.cpu.host_memory import release_memory
 from ctu.observe.report import task_successes
 from ctu.observe.stats import bootstrap_ci, paired_change_ci, seeds_summary
 from ctu.train.demos import gold_samples, warm_start_samples
+
+kernel_cache.bound()  # oneDNN's kernel caches as ``ctu`` bounds them (before the first bf16 product)
 
 
 def parse_arm(text: str) -> tuple[str, str, list[str]]:
