@@ -103,11 +103,7 @@ def candidates(probs: torch.Tensor, top_p: float, top_k: int = 0, looks: tuple[i
         if not len(rows):
             break
         settled, ids, kept = above_floor(left, top_p, floor)
-        done = settled.nonzero().squeeze(-1)
-        if len(done):
-            groups.append((rows[done], *in_token_order(ids[done], kept[done])))
-        wider = (~settled).nonzero().squeeze(-1)
-        rows, left = rows[wider], left[wider]
+        rows, left = _settle(groups, settled, rows, ids, kept, left)
     for first in looks:
         if vocab <= first or not len(rows):
             break
@@ -116,15 +112,21 @@ def candidates(probs: torch.Tensor, top_p: float, top_k: int = 0, looks: tuple[i
         edge = drop.int().argmax(dim=-1, keepdim=True)  # the first dropped position of each row
         tied = (top.gather(-1, edge) == top.gather(-1, (edge - 1).clamp(min=0))).squeeze(-1)
         settled = drop[:, -1] & ~tied  # the nucleus ends inside this look, and no tie decides its edge
-        done = settled.nonzero().squeeze(-1)
-        if len(done):
-            groups.append((rows[done], *in_token_order(ids[done], kept[done])))
-        wider = (~settled).nonzero().squeeze(-1)
-        rows, left = rows[wider], left[wider]
+        rows, left = _settle(groups, settled, rows, ids, kept, left)
     if len(rows):
         top, ids = left.sort(dim=-1, descending=True)  # only these rows are sorted whole
         groups.append((rows, None, torch.zeros_like(top).scatter(-1, ids, nucleus_of_sorted(top, top_p)[0])))
     return groups
+
+
+def _settle(groups: list, settled: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor,
+            left: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append the ``settled`` rows' candidates to ``groups``; (row indices, probabilities) of the rows left."""
+    done = settled.nonzero().squeeze(-1)
+    if len(done):
+        groups.append((rows[done], *in_token_order(ids[done], kept[done])))
+    wider = (~settled).nonzero().squeeze(-1)
+    return rows[wider], left[wider]
 
 
 def pick(kept: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
