@@ -217,12 +217,15 @@ def main() -> None:
             trainer = Trainer(config)
             suffix = "_" + "+".join(k.replace("/", "-") for k in kinds) if kinds else ""
             suffix += f"_sft{config.trainer.sft_steps}" + "".join(f"-no-{k}" for k in config.trainer.sft_exclude)
+            suffix += "-reasons" if config.trainer.sft_reasons else ""
             cache = Path(args.cache) / f"warm_start_seed{seed}{suffix}.pt" if args.cache else None
             if kinds:
-                demos = [s for d in trainer.domains for s in gold_samples(trainer.chat, d, demo_tasks(d, kinds))]
+                demos = [s for d in trainer.domains for s in gold_samples(trainer.chat, d, demo_tasks(d, kinds),
+                                                                             config.trainer.sft_reasons)]
             else:
                 demos = warm_start_samples(trainer.chat, trainer.domains, config.trainer.sft_data,
-                                           exclude=config.trainer.sft_exclude)  # as ctu train
+                                           exclude=config.trainer.sft_exclude,
+                                           reasons=config.trainer.sft_reasons)  # as ctu train
             print(f"seed {seed}, {label}: {len(demos)} demonstrations"
                   + (f" of kinds {' '.join(kinds)}" if kinds else ""), flush=True)
             if seed not in warm and cache is not None and cache.exists():
