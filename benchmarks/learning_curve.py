@@ -234,6 +234,8 @@ def main() -> None:
                 state, start = warm[seed]
                 trainer.policy.model.load_state_dict(state["model"])
                 trainer.policy.load_reference_state(state["rebased"])
+                trainer.sync.base_changed = True
+                trainer.sync_weights()  # a warm start syncs the engine itself (weight versions never repeat)
             else:
                 began = time.perf_counter()
                 trainer.warm_start(demos)
@@ -246,8 +248,6 @@ def main() -> None:
                     cache.with_suffix(".json").write_text(json.dumps(start))
                 warm[seed] = state, start
             print(f"seed {seed}: warm start success {start['success']:.3f} (95% CI {start.get('ci')})", flush=True)
-            trainer.sync.base_changed = True
-            trainer.sync_weights()
             budget = dict(x.split("=") for x in args.steps).get(kind)
             seconds, eval_every = args.minutes * 60, args.eval_every
             if budget == "match":  # as long as this seed's grpo arm trained, one evaluation at the end
