@@ -159,6 +159,9 @@ class Domain:
     # ``reason(task, call)``: what a gold demonstration says in the turn of its ``call`` before making it, "" for
     # nothing (``trainer.sft_reasons``; mini: the order status that allows a write)
     reason: Callable[[Task, Any], str] | None = None
+    # COMMUNICATE reads only the agent's messages to the user (text with no tool call beside it: what a user is
+    # shown); False is tau2's check, which reads any assistant text, a tool call's included
+    communicate_to_user: bool = False
 
     def policy_for(self, task: Task | None) -> str:
         """The policy the agent is given for ``task`` (the domain's own unless it builds one per task)."""

@@ -204,4 +204,4 @@ def load(data_dir: str | None = None, seed: int = 0, n_tasks: int = 300, test_fr
     return Domain(name="mini", policy=POLICY, tools=TOOLS, db=db, tasks=tuple(tasks), splits=splits,
                   transfer_tool=None, agent_instruction=AGENT_INSTRUCTION, closing=_closing,
                   functions={"assistant": {"set_order_status": set_order_status}}, twin=partial(_twin, requests),
-                  reason=_reason)
+                  reason=_reason, communicate_to_user=True)
