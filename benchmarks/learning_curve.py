@@ -217,12 +217,15 @@ def main() -> None:
             trainer = Trainer(config)
             suffix = "_" + "+".join(k.replace("/", "-") for k in kinds) if kinds else ""
             suffix += f"_sft{config.trainer.sft_steps}" + "".join(f"-no-{k}" for k in config.trainer.sft_exclude)
+            suffix += "-reasons" if config.trainer.sft_reasons else ""
             cache = Path(args.cache) / f"warm_start_seed{seed}{suffix}.pt" if args.cache else None
             if kinds:
-                demos = [s for d in trainer.domains for s in gold_samples(trainer.chat, d, demo_tasks(d, kinds))]
+                demos = [s for d in trainer.domains for s in gold_samples(trainer.chat, d, demo_tasks(d, kinds),
+                                                                             config.trainer.sft_reasons)]
             else:
                 demos = warm_start_samples(trainer.chat, trainer.domains, config.trainer.sft_data,
-                                           exclude=config.trainer.sft_exclude)  # as ctu train
+                                           exclude=config.trainer.sft_exclude,
+                                           reasons=config.trainer.sft_reasons)  # as ctu train
             print(f"seed {seed}, {label}: {len(demos)} demonstrations"
                   + (f" of kinds {' '.join(kinds)}" if kinds else ""), flush=True)
             if seed not in warm and cache is not None and cache.exists():
@@ -231,6 +234,8 @@ def main() -> None:
                 state, start = warm[seed]
                 trainer.policy.model.load_state_dict(state["model"])
                 trainer.policy.load_reference_state(state["rebased"])
+                trainer.sync.base_changed = True
+                trainer.sync_weights()  # a warm start syncs the engine itself (weight versions never repeat)
             else:
                 began = time.perf_counter()
                 trainer.warm_start(demos)
@@ -243,8 +248,6 @@ def main() -> None:
                     cache.with_suffix(".json").write_text(json.dumps(start))
                 warm[seed] = state, start
             print(f"seed {seed}: warm start success {start['success']:.3f} (95% CI {start.get('ci')})", flush=True)
-            trainer.sync.base_changed = True
-            trainer.sync_weights()
             budget = dict(x.split("=") for x in args.steps).get(kind)
             seconds, eval_every = args.minutes * 60, args.eval_every
             if budget == "match":  # as long as this seed's grpo arm trained, one evaluation at the end

@@ -90,13 +90,13 @@ def from_cache(trainer: Trainer, cache: Path) -> dict:
         trainer.policy.load_reference_state(state["rebased"])
         start = json.loads(cache.with_suffix(".json").read_text())
         del state  # the model holds the weights now
+        trainer.sync.base_changed = True
+        trainer.sync_weights()  # a warm start syncs the engine itself (weight versions never repeat)
     else:
         began = time.perf_counter()
         trainer.warm_start()  # trainer.sft_data or the gold demos (less trainer.sft_exclude), as ctu train
         start = {"warm_start_s": time.perf_counter() - began, **success(trainer, "warm_start")}
         save_cache(trainer, cache, start)
-    trainer.sync.base_changed = True
-    trainer.sync_weights()
     return start
 
 

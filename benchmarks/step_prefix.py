@@ -37,7 +37,7 @@ def child(variant: str, steps: int, overrides: list[str]) -> None:
     t = config.trainer
     chat = build.build_chat(config, tokenizer=trainer.tokenizer)
     demos = warm_start_samples(chat, build.build_domains(config), t.sft_data, config.env.max_context_tokens,
-                               exclude=t.sft_exclude)
+                               exclude=t.sft_exclude, reasons=t.sft_reasons)
     optimizer = torch.optim.AdamW(trainer.policy.trainable_parameters(), lr=t.sft_lr)
     seconds = []
     for step in range(steps + 1):

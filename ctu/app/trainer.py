@@ -299,7 +299,8 @@ class Trainer:
         t = self.config.trainer
         if t.sft_replay and getattr(self, "replay_pool", None) is None:
             self.replay_pool = warm_start_samples(self.chat, self.domains, t.sft_data,
-                                                  self.config.env.max_context_tokens, exclude=t.sft_exclude)
+                                                  self.config.env.max_context_tokens, exclude=t.sft_exclude,
+                                                  reasons=t.sft_reasons)
         return replayed_demos(self.replay_pool, t.sft_replay, t.sft_replay_advantage,
                               self.config.run.seed * 1_000_003 + self.step) if t.sft_replay else []
 
@@ -320,7 +321,7 @@ class Trainer:
             demos, self.demos = self.demos, None
         if demos is None:
             demos = warm_start_samples(self.chat, self.domains, t.sft_data, self.config.env.max_context_tokens,
-                                       exclude=t.sft_exclude, balance=t.sft_balance)
+                                       exclude=t.sft_exclude, balance=t.sft_balance, reasons=t.sft_reasons)
         from tqdm import tqdm
 
         batches = sft_batches(demos, t.sft_steps, t.sft_batch_size, self.config.run.seed,

@@ -140,6 +140,9 @@ def config_problems(config: Config) -> list[str]:
     if config.trainer.sft_data is not None and config.trainer.sft_balance:
         problems.append("trainer.sft_balance: balances gold demonstrations by their task; trainer.sft_data (a file) "
                         "has no tasks: set trainer.sft_balance=[]")
+    if config.trainer.sft_data is not None and config.trainer.sft_reasons:
+        problems.append("trainer.sft_reasons: states reasons in gold demonstrations; trainer.sft_data (a file) is "
+                        "used as written: set trainer.sft_reasons=false")
     if config.trainer.sft_data is not None and config.trainer.sft_exclude:
         problems.append("trainer.sft_exclude: selects gold demonstrations; it cannot filter trainer.sft_data (a file): "
                         "set trainer.sft_exclude=[]")

@@ -211,6 +211,9 @@ class TrainerConfig:
     # warm-start batches in equal shares across the demos matching each key (first match wins) and the rest; e.g.
     # [kind=status]: half report-only demonstrations, half writes, whatever the data's mix ([]: uniform draws)
     sft_balance: list[str] = field(default_factory=list)
+    # gold demonstrations say why before each call their domain gives a reason for (mini: "The order status is
+    # pending, so I will cancel it." with the cancel): the decision then follows the stated status
+    sft_reasons: bool = False
     # every RL update also trains on this many warm-start demonstrations (drawn anew each step) as successful
     # episodes of advantage sft_replay_advantage: PPO-ptx's supervised term, against forgetting the gold turns
     sft_replay: int = 0

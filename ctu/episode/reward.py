@@ -161,20 +161,24 @@ def _action_component(task: Task, calls: Sequence[CalledTool]) -> tuple[float, l
     return (0.0 if reasons else 1.0), reasons
 
 
-def communicated(info: str, messages: Sequence[Mapping[str, Any]]) -> bool:
-    """tau2's check: ``info`` lowercased is in some assistant text, lowercased, commas removed."""
+def communicated(info: str, messages: Sequence[Mapping[str, Any]], to_user: bool = False) -> bool:
+    """tau2's check: ``info`` lowercased is in some assistant text, lowercased, commas removed; ``to_user``
+    (``Domain.communicate_to_user``): in the text of an assistant message with no tool call, one the user got."""
     needle = info.lower()
     for msg in messages:
         content = msg.get("content")
+        if to_user and msg.get("tool_calls"):
+            continue
         if msg.get("role") == "assistant" and isinstance(content, str) and content.strip():
             if needle in content.lower().replace(",", ""):
                 return True
     return False
 
 
-def _communicate_component(task: Task, messages: Sequence[Mapping[str, Any]]) -> tuple[float, list[str]]:
+def _communicate_component(task: Task, messages: Sequence[Mapping[str, Any]],
+                           to_user: bool) -> tuple[float, list[str]]:
     reasons = [f"COMMUNICATE: '{info}' was not communicated" for info in task.communicate_info
-               if not communicated(info, messages)]
+               if not communicated(info, messages, to_user)]
     return (0.0 if reasons else 1.0), reasons
 
 
@@ -203,7 +207,7 @@ def compute_reward(
         "DB": lambda: _db_component(domain, task, final_db),
         "ENV_ASSERTION": lambda: _env_assertion_component(domain, task, final_db),
         "ACTION": lambda: _action_component(task, calls),
-        "COMMUNICATE": lambda: _communicate_component(task, messages),
+        "COMMUNICATE": lambda: _communicate_component(task, messages, domain.communicate_to_user),
     }
     for name in basis:
         if name in checks:

@@ -60,9 +60,10 @@ def conversation_sample(chat, messages: Sequence[Mapping[str, Any]], tools: Sequ
     return to_sample(prompt, response, mask, [0.0] * len(mask), 0.0)
 
 
-def gold_samples(chat, domain, tasks) -> list[Sample]:
-    """Token sequences of gold demonstrations (for the supervised warm start), built like rollouts."""
-    return [conversation_sample(chat, c.messages, c.tools) for c in gold_conversations(domain, list(tasks))]
+def gold_samples(chat, domain, tasks, reasons: bool = False) -> list[Sample]:
+    """Token sequences of gold demonstrations (for the supervised warm start), built like rollouts; ``reasons``:
+    see :func:`ctu.episode.data.conversations.gold_conversation`."""
+    return [conversation_sample(chat, c.messages, c.tools) for c in gold_conversations(domain, list(tasks), reasons)]
 
 
 def file_samples(chat, path: str, where: list[str] | None = None) -> list[Sample]:
@@ -113,12 +114,13 @@ def demo_tasks(domains, exclude: Sequence[str] = ()) -> list[tuple[Any, list]]:
 
 
 def warm_start_samples(chat, domains, sft_data: str | None = None, max_tokens: int | None = None,
-                       exclude: Sequence[str] = (), balance: Sequence[str] = ()) -> Demos:
+                       exclude: Sequence[str] = (), balance: Sequence[str] = (), reasons: bool = False) -> Demos:
     """The warm start's data: the file ``sft_data`` when given, else every domain's gold demonstrations of its
     train split (all tasks if it has none) but those matching ``exclude`` (``trainer.sft_exclude``). With
     ``max_tokens`` (``env.max_context_tokens``), longer conversations are dropped with one warning line on stderr
     counting them (see :func:`fit_context`). ``balance`` (``trainer.sft_balance``, gold demonstrations only): label
-    each sample with its stratum (:class:`Demos`); a key that matches no demonstration is a ConfigError."""
+    each sample with its stratum (:class:`Demos`); a key that matches no demonstration is a ConfigError. ``reasons``
+    (``trainer.sft_reasons``): gold calls state their domain's reason first."""
     where: list[str] = []
     strata: list[int] | None = None
     if sft_data:
@@ -128,9 +130,14 @@ def warm_start_samples(chat, domains, sft_data: str | None = None, max_tokens: i
             raise DataError(f"trainer.sft_data: {exc}") from None
     else:
         samples, source = [], "gold demonstrations"
+        if reasons and not any(d.reason is not None for d in domains):
+            from ctu.config.schema import ConfigError
+
+            raise ConfigError(f"trainer.sft_reasons: no domain of {', '.join(d.name for d in domains)} gives reasons "
+                              "for its calls (mini does): set trainer.sft_reasons=false")
         pools = demo_tasks(domains, exclude)
         for d, tasks in pools:
-            samples += gold_samples(chat, d, tasks)
+            samples += gold_samples(chat, d, tasks, reasons)
             where += [f"{d.name} task {t.id}" for t in tasks]
         if balance:
             strata = [_stratum(t, balance) for _, tasks in pools for t in tasks]
@@ -188,6 +195,6 @@ def prepared_samples(config, domains) -> list[Sample] | None:
         return None
     try:
         return warm_start_samples(build.build_chat(config), domains, t.sft_data, config.env.max_context_tokens,
-                                  exclude=t.sft_exclude, balance=t.sft_balance)
+                                  exclude=t.sft_exclude, balance=t.sft_balance, reasons=t.sft_reasons)
     except DataError as exc:
         raise ConfigError(str(exc)) from None

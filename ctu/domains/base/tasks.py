@@ -156,6 +156,12 @@ class Domain:
     # ``twin(task)``: the contrast task of a training task (``trainer.contrast_pairs``): the same request where the
     # starting state calls for the other outcome, id ``task.id + TWIN`` (None: the task has none)
     twin: Callable[[Task], Task | None] | None = None
+    # ``reason(task, call)``: what a gold demonstration says in the turn of its ``call`` before making it, "" for
+    # nothing (``trainer.sft_reasons``; mini: the order status that allows a write)
+    reason: Callable[[Task, Any], str] | None = None
+    # COMMUNICATE reads only the agent's messages to the user (text with no tool call beside it: what a user is
+    # shown); False is tau2's check, which reads any assistant text, a tool call's included
+    communicate_to_user: bool = False
 
     def policy_for(self, task: Task | None) -> str:
         """The policy the agent is given for ``task`` (the domain's own unless it builds one per task)."""

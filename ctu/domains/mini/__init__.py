@@ -131,7 +131,8 @@ def _build_task(task_id: str, n: int, kind: str, oid: str, status: str, request:
                                  "task_instructions": ""}, "script": [request]}
     purpose = f"{kind} ({'refuse: order is ' + status if refused else 'allowed'})"
     return Task(id=task_id, user_scenario=scenario, actions=tuple(actions), communicate_info=communicate,
-                reward_basis=basis, description={"purpose": purpose, "kind": kind, "refusal": refused},
+                reward_basis=basis, description={"purpose": purpose, "kind": kind, "refusal": refused,
+                                                              "status": status},
                 initial_state=initial_state)
 
 
@@ -168,6 +169,17 @@ def _closing(task: Task) -> str:
     return "Done, your request is complete."
 
 
+_DOING = {"cancel_order": "I will cancel it", "change_address": "I will change the address",
+          "return_order": "I will return it"}
+
+
+def _reason(task: Task, call) -> str:
+    """A gold write's reason, stated in its turn: the order status the lookup returned, which allows it."""
+    if call.name not in _DOING:
+        return ""
+    return f"The order status is {task.description['status']}, so {_DOING[call.name]}."
+
+
 def load(data_dir: str | None = None, seed: int = 0, n_tasks: int = 300, test_fraction: float = 0.2) -> Domain:
     """The mini domain for ``seed`` (``data_dir`` is unused: everything is generated)."""
     rng = random.Random(seed)
@@ -191,4 +203,5 @@ def load(data_dir: str | None = None, seed: int = 0, n_tasks: int = 300, test_fr
     splits = {"train": tuple(sorted(ids[n_test:])), "test": tuple(sorted(ids[:n_test]))}
     return Domain(name="mini", policy=POLICY, tools=TOOLS, db=db, tasks=tuple(tasks), splits=splits,
                   transfer_tool=None, agent_instruction=AGENT_INSTRUCTION, closing=_closing,
-                  functions={"assistant": {"set_order_status": set_order_status}}, twin=partial(_twin, requests))
+                  functions={"assistant": {"set_order_status": set_order_status}}, twin=partial(_twin, requests),
+                  reason=_reason, communicate_to_user=True)

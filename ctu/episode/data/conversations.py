@@ -40,13 +40,17 @@ def untrained_prefix(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out + messages[len(out):]
 
 
-def gold_conversation(domain: Domain, task: Task) -> Conversation:
+def gold_conversation(domain: Domain, task: Task, reasons: bool = False) -> Conversation:
     """The task's gold actions, one tool call per turn, then the domain's closing line (unless a transfer ended
-    the call), played against the scripted user: what the supervised warm start trains on."""
+    the call), played against the scripted user: what the supervised warm start trains on. With ``reasons``
+    (``trainer.sft_reasons``), each call the domain gives a reason for (``Domain.reason``) states it first."""
     user = ScriptedUser(patience=len(task.actions) + 8)  # one reply per user-side action, and the opening
     episode = Episode(domain, task, user.start(domain, task), max_turns=len(task.actions) + 2)
     asyncio.run(episode.reset())
-    for turn in [*gold_turns(task), AgentTurn(content=domain.closing_line(task))]:
+    turns = gold_turns(task)
+    if reasons and domain.reason is not None:
+        turns = [AgentTurn(domain.reason(task, t.tool_calls[0]), t.tool_calls) if t.tool_calls else t for t in turns]
+    for turn in [*turns, AgentTurn(content=domain.closing_line(task))]:
         if episode.done:  # the user may end the call at any reply, its first included
             break
         asyncio.run(episode.step(turn))
@@ -69,8 +73,8 @@ def _ask(tool_name: str) -> str:
     return f"Please use {tool_name} on your phone and tell me what it shows."
 
 
-def gold_conversations(domain: Domain, tasks: list[Task]) -> list[Conversation]:
-    return [gold_conversation(domain, task) for task in tasks]
+def gold_conversations(domain: Domain, tasks: list[Task], reasons: bool = False) -> list[Conversation]:
+    return [gold_conversation(domain, task, reasons) for task in tasks]
 
 
 def trajectory_file(path: str | Path) -> Path:

@@ -135,3 +135,26 @@ def test_a_task_without_reward_basis_gets_tau2s_default_db_and_communicate():
     assert Task.from_tau2({"id": 1, "evaluation_criteria": crit}).reward_basis == ("DB", "COMMUNICATE")
     assert Task.from_tau2({"id": 1, "evaluation_criteria": {**crit, "reward_basis": []}}).reward_basis == ()
     assert Task.from_tau2({"id": 1, "evaluation_criteria": {**crit, "reward_basis": ["DB"]}}).reward_basis == ("DB",)
+
+
+def test_mini_counts_only_what_the_user_was_told_tau2_any_assistant_text():
+    """A refused request whose status is stated beside a write call (the write fails, the DB is unchanged) is not
+    told to the user: mini scores it 0; tau2's check (a domain's default) reads that text and scores it 1."""
+    from dataclasses import replace
+
+    from ctu.domains import get_domain
+
+    mini = get_domain("mini")
+    task = next(t for t in mini.split("train") if t.description["kind"] == "cancel" and t.description["refusal"])
+    status = task.communicate_info[0]
+    call = {"id": "c1", "type": "function", "function": {"name": "cancel_order",
+                                                        "arguments": json.dumps({"order_id": "O1"})}}
+    tried = [{"role": "assistant", "content": f"The order status is {status}, so I will cancel it.",
+              "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1", "content": "Error: not pending"},
+             {"role": "assistant", "content": "Done, your request is complete."}]
+    told = [{"role": "assistant", "content": f"The order status is {status}."}]
+    assert not communicated(status, tried, to_user=True) and communicated(status, tried)
+    assert communicated(status, told, to_user=True)
+    for domain, expected in ((mini, 0.0), (replace(mini, communicate_to_user=False), 1.0)):
+        reward = compute_reward(domain, task, tried, domain.initial_db(task), "user_stop")
+        assert reward.components == {"DB": 1.0, "COMMUNICATE": expected}
