@@ -131,8 +131,8 @@ def _build_task(task_id: str, n: int, kind: str, oid: str, status: str, request:
                                  "task_instructions": ""}, "script": [request]}
     purpose = f"{kind} ({'refuse: order is ' + status if refused else 'allowed'})"
     return Task(id=task_id, user_scenario=scenario, actions=tuple(actions), communicate_info=communicate,
-                reward_basis=basis, description={"purpose": purpose, "kind": kind, "refusal": refused,
-                                                              "status": status},
+                reward_basis=basis,
+                description={"purpose": purpose, "kind": kind, "refusal": refused, "status": status},
                 initial_state=initial_state)
 
 
@@ -175,9 +175,10 @@ _DOING = {"cancel_order": "I will cancel it", "change_address": "I will change t
 
 def _reason(task: Task, call) -> str:
     """A gold write's reason, stated in its turn: the order status the lookup returned, which allows it."""
-    if call.name not in _DOING:
+    status = (task.description or {}).get("status")
+    if call.name not in _DOING or status is None:
         return ""
-    return f"The order status is {task.description['status']}, so {_DOING[call.name]}."
+    return f"The order status is {status}, so {_DOING[call.name]}."
 
 
 def load(data_dir: str | None = None, seed: int = 0, n_tasks: int = 300, test_fraction: float = 0.2) -> Domain:
