@@ -68,17 +68,22 @@ def test_a_conversations_tokens_are_what_a_rollout_of_the_same_turns_gives(chat_
     """conversation_sample against the real agent loop: a stand-in model replays each gold turn's ids."""
     domain, tasks = (MINI, mini_tasks()) if name == "mini" else tau2(name, 3)
     for task in tasks:
-        conversation = gold_conversation(domain, task)
-        turns = [chat_format.encode(chat_format.render_assistant_text(m)) for m in conversation.messages
-                 if m["role"] == "assistant" and m.get("weight", 1)]
-        (t,) = asyncio.run(rollout([EpisodeSpec(domain, task)], chat_format, ScriptedModel(chat_format, turns),
-                                   ScriptedUser(), SamplingParams(max_tokens=512),
-                                   RolloutLimits(max_turns=len(turns) + 1, max_context_tokens=32_768)))
-        assert t.reward == 1.0 and t.messages == [{k: v for k, v in m.items() if k != "weight"}
-                                                  for m in conversation.messages]
-        sample = conversation_sample(chat_format, conversation.messages, conversation.tools)
-        assert sample.ids == t.prompt_ids + t.response_ids
-        assert sample.mask == [0] * (len(t.prompt_ids) - 1) + t.loss_mask
+        assert_a_rollout_gives_its_tokens(chat_format, domain, task, gold_conversation(domain, task))
+
+
+def assert_a_rollout_gives_its_tokens(chat_format, domain, task, conversation):
+    """A stand-in model replays each of ``conversation``'s trained turns: the episode scores 1, has the same messages,
+    and its tokens are the conversation's sample."""
+    turns = [chat_format.encode(chat_format.render_assistant_text(m)) for m in conversation.messages
+             if m["role"] == "assistant" and m.get("weight", 1)]
+    (t,) = asyncio.run(rollout([EpisodeSpec(domain, task)], chat_format, ScriptedModel(chat_format, turns),
+                               ScriptedUser(), SamplingParams(max_tokens=512),
+                               RolloutLimits(max_turns=len(turns) + 1, max_context_tokens=32_768)))
+    assert t.reward == 1.0 and t.messages == [{k: v for k, v in m.items() if k != "weight"}
+                                              for m in conversation.messages]
+    sample = conversation_sample(chat_format, conversation.messages, conversation.tools)
+    assert sample.ids == t.prompt_ids + t.response_ids
+    assert sample.mask == [0] * (len(t.prompt_ids) - 1) + t.loss_mask
 
 
 def test_openai_jsonl_round_trip_is_lossless_and_trains_the_same_tokens(tmp_path, chat_format):

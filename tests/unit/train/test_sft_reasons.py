@@ -1,22 +1,17 @@
 """``trainer.sft_reasons``: gold demonstrations state why before a call (mini: the order status the lookup
 returned, then the write it allows), so the decision follows a token the policy has just written."""
 
-import asyncio
 import json
 
 import pytest
 
 from ctu.config.schema import ConfigError, load_config
 from ctu.domains import get_domain
-from ctu.engines.base import SamplingParams
 from ctu.episode.data.conversations import gold_conversation
 from ctu.episode.reward import score_transcript
 from ctu.episode.transcripts import ending
-from ctu.episode.users.scripted import ScriptedUser
-from ctu.rollout.loop import EpisodeSpec, RolloutLimits, rollout
-from ctu.train.demos import conversation_sample, warm_start_samples
-from tests.unit.episode.test_data_sft import MINI, mini_tasks
-from tests.unit.rollout.test_rollout import ScriptedModel
+from ctu.train.demos import warm_start_samples
+from tests.unit.episode.test_data_sft import MINI, assert_a_rollout_gives_its_tokens, mini_tasks
 
 
 def test_each_gold_write_states_the_looked_up_status_first_and_the_rest_is_unchanged():
@@ -38,16 +33,7 @@ def test_each_gold_write_states_the_looked_up_status_first_and_the_rest_is_uncha
 def test_a_reasoned_demos_tokens_are_what_a_rollout_of_the_same_turns_gives(chat_format):
     """The stated reason and the call in one turn parse back into both: the warm start trains on rollout tokens."""
     for task in mini_tasks():
-        conversation = gold_conversation(MINI, task, reasons=True)
-        turns = [chat_format.encode(chat_format.render_assistant_text(m)) for m in conversation.messages
-                 if m["role"] == "assistant" and m.get("weight", 1)]
-        (t,) = asyncio.run(rollout([EpisodeSpec(MINI, task)], chat_format, ScriptedModel(chat_format, turns),
-                                   ScriptedUser(), SamplingParams(max_tokens=512),
-                                   RolloutLimits(max_turns=len(turns) + 1, max_context_tokens=32_768)))
-        assert t.reward == 1.0 and t.messages == [{k: v for k, v in m.items() if k != "weight"}
-                                                  for m in conversation.messages]
-        assert conversation_sample(chat_format, conversation.messages, conversation.tools).ids == \
-            t.prompt_ids + t.response_ids
+        assert_a_rollout_gives_its_tokens(chat_format, MINI, task, gold_conversation(MINI, task, reasons=True))
 
 
 def test_a_domain_without_reasons_and_a_file_are_refused_naming_the_field(chat_format, tmp_path):
