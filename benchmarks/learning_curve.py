@@ -125,6 +125,15 @@ def snapshot(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.policy.model.state_dict().items()}
 
 
+def refusals_drawn(trajectories, kinds: dict[str, str] | None) -> tuple[int, int] | None:
+    """A training step's (refusals drawn, episodes of refused requests): an episode of a request its order's status
+    does not allow that scored full reward refused it. None without task kinds (not ``mini``)."""
+    if kinds is None:
+        return None
+    drawn = [t for t in trajectories if kinds.get(f"{t.domain}/{t.task_id}", "").endswith("/refusal")]
+    return sum(t.success for t in drawn), len(drawn)
+
+
 def replay_step(trainer: Trainer) -> tuple[int, float]:
     """One step of the replay-only control: the step's replayed demonstrations alone, with the RL step's optimizer,
     schedule and draws; (demonstrations, loss)."""
@@ -146,15 +155,20 @@ def run_arm(trainer: Trainer, label: str, kind: str, seconds: float, eval_every:
     t = trainer.config.trainer
     sft_optimizer = torch.optim.AdamW(trainer.policy.trainable_parameters(), lr=t.sft_lr, weight_decay=0.0)
     batches = iter(sft_batches(demos, 100_000, t.sft_batch_size, seed + 1) if kind == "sft" else [])
+    kinds, drawn_per_step = kinds_of(trainer.domains), []
     while (steps < max_steps) if max_steps else (clock < seconds):
         started = time.perf_counter()
         if kind == "grpo":
             trainer.step += 1
-            metrics = trainer.train_step()["metrics"]
+            out = trainer.train_step()
+            metrics, drawn = out["metrics"], refusals_drawn(out["trajectories"], kinds)
             r, tm = metrics["rollout"], metrics["timing"]
             note = (f"reward {r['reward']:.3f}, {r['episodes']} episodes ({r['dynamic_extra_draws']} extra draws), "
                     f"rollout {tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, "
                     f"entropy {metrics['train']['entropy']:.3f}")
+            if drawn is not None:
+                drawn_per_step.append(drawn)
+                note += f", refusals drawn {drawn[0]} in {drawn[1]} episodes of refused requests"
         elif kind == "replay":
             replayed, loss = replay_step(trainer)
             note = f"{replayed} demonstrations replayed alone, loss {loss:.3f}"
@@ -169,7 +183,8 @@ def run_arm(trainer: Trainer, label: str, kind: str, seconds: float, eval_every:
         steps += 1
         print(f"  {kind} step {steps}: {clock:.0f}s, {note}", flush=True)
         if (steps in eval_at) if max_steps else (clock >= next_eval or clock >= seconds):
-            points.append({"seconds": clock, "steps": steps, **success(trainer, f"{label}_{steps}")})
+            points.append({"seconds": clock, "steps": steps, **success(trainer, f"{label}_{steps}"),
+                           **({"refusals_drawn": list(drawn_per_step)} if drawn_per_step else {})})
             print(f"  {kind} @ {clock:.0f}s ({steps} steps): success {points[-1]['success']:.3f} "
                   f"(95% CI {points[-1]['ci']})", flush=True)
             next_eval += eval_every
@@ -290,14 +305,14 @@ def arm_summary(runs: list[dict]) -> dict:
     return {"seeds": seeds, "across_seeds": seeds_summary([s["change"] for s in seeds])}
 
 
-def rl_own_part(results: dict) -> dict | None:
-    """RL's own part, what the ``grpo`` arm ends with over the ``replay`` control of the same seed: per seed the
+def rl_own_part(results: dict, arm: str = "grpo") -> dict | None:
+    """RL's own part, what the grpo-kind ``arm`` ends with over the ``replay`` control of the same seed: per seed the
     change with a paired bootstrap interval over the tasks both evaluated last, and across seeds as
     :func:`arm_summary`. None without a seed that ran both arms."""
-    ends = {(r["arm"], r["seed"]): r["points"][-1] for r in results.values() if r["arm"] in ("grpo", "replay")}
+    ends = {(r["arm"], r["seed"]): r["points"][-1] for r in results.values() if r["arm"] in (arm, "replay")}
     seeds = []
-    for seed in sorted({s for arm, s in ends if arm == "grpo" and ("replay", s) in ends}):
-        rl, replay = ends["grpo", seed], ends["replay", seed]
+    for seed in sorted({s for a, s in ends if a == arm and ("replay", s) in ends}):
+        rl, replay = ends[arm, seed], ends["replay", seed]
         shared = sorted(set(rl.get("tasks") or {}) & set(replay.get("tasks") or {}))
         change = (paired_change_ci({k: replay["tasks"][k] for k in shared}, {k: rl["tasks"][k] for k in shared})
                   if shared else None)
@@ -331,12 +346,13 @@ def table(results: dict) -> None:
                 before, after = (behaviours(run["points"][i]["tasks"], run["task_kinds"]) for i in (0, -1))
                 print("    " + ", ".join(f"{name} {before[name][0]:g} -> {after[name][0]:g} of {after[name][1]}"
                                          for name in after))
-    own = rl_own_part(results)
-    if own:
-        s = own["across_seeds"]
-        print(f"RL's own part (grpo over replay, same seed): mean {s['mean']:+.3f} over {s['n']} seeds; " + ", ".join(
-            f"seed {x['seed']} {x['change']:+.3f}" + (f" [{x['ci'][0]:+.3f}, {x['ci'][1]:+.3f}]" if x["ci"] else "")
-            for x in own["seeds"]))
+    for arm in sorted({r["arm"] for r in results.values() if r.get("kind") == "grpo"}):
+        own = rl_own_part(results, arm)
+        if own:
+            s = own["across_seeds"]
+            print(f"RL's own part ({arm} over replay, same seed): mean {s['mean']:+.3f} over {s['n']} seeds; "
+                  + ", ".join(f"seed {x['seed']} {x['change']:+.3f}"
+                              + (f" [{x['ci'][0]:+.3f}, {x['ci'][1]:+.3f}]" if x["ci"] else "") for x in own["seeds"]))
 
 
 def draw(results: dict, path: Path) -> None:

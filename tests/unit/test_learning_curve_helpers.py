@@ -104,3 +104,19 @@ def test_rl_own_part_pairs_rl_and_the_replay_alone_on_the_same_tasks():
     del results["replay/seed_1"]  # a seed without its control is left out, not paired with another seed's
     assert [s["seed"] for s in rl_own_part(results)["seeds"]] == [0]
     assert rl_own_part({"grpo/seed_0": results["grpo/seed_0"]}) is None
+    results["grpo@branch/seed_0"] = {"arm": "grpo@branch", "seed": 0, "points": points(10, 11)}
+    assert [s["change"] for s in rl_own_part(results, "grpo@branch")["seeds"]] == pytest.approx([-0.05], abs=1e-12)
+
+
+def test_refusals_drawn_counts_full_reward_episodes_of_refused_requests(mini):
+    from types import SimpleNamespace
+
+    from benchmarks.learning_curve import refusals_drawn
+
+    kinds = kinds_of([mini])
+    refused = [k for k, v in kinds.items() if v.endswith("/refusal")][:2]
+    allowed = next(k for k, v in kinds.items() if v.endswith("/allowed"))
+    episodes = [SimpleNamespace(domain=key.split("/")[0], task_id=key.split("/", 1)[1], success=ok)
+                for key, ok in ((refused[0], True), (refused[1], False), (refused[0], False), (allowed, True))]
+    assert refusals_drawn(episodes, kinds) == (1, 3)  # the allowed write's success is not a refusal
+    assert refusals_drawn(episodes, None) is None
