@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learning_curve import replay_step, snapshot, success, task_kind  # noqa: E402
+from learning_curve import refusals_drawn, replay_step, snapshot, success, task_kind  # noqa: E402
 
 from ctu.app.trainer import Trainer  # noqa: E402
 from ctu.config.schema import load_config  # noqa: E402
@@ -168,15 +168,14 @@ def run(args: argparse.Namespace) -> None:
             trainer.step += 1
             out = trainer.train_step()
             metrics = out["metrics"]
-            drawn = [tr for tr in out["trajectories"] if kinds[f"{tr.domain}/{tr.task_id}"].endswith("/refusal")]
-            refusals = sum(tr.success for tr in drawn)  # a refused request's episode that refused (full reward)
+            refusals, drawn = refusals_drawn(out["trajectories"], kinds) or (0, 0)  # kinds: every task has one
             forked = sum(1 for tr in out["trajectories"] if tr.fork is not None and tr.fork[0] == 0)
             clock += time.perf_counter() - began
             r, tm = metrics["rollout"], metrics["timing"]
             greedy = f", greedy {r['greedy_reward']:.3f}" if "greedy_reward" in r else ""
             print(f"step {step}: {clock:.0f}s, reward {r['reward']:.3f} ({r['episodes']} episodes{greedy}, "
                   f"{r['trained_episodes']} trained, {r['replayed_demos']} demonstrations replayed), refusals drawn "
-                  f"{refusals} in {len(drawn)} episodes of refused requests ({forked} forks), rollout "
+                  f"{refusals} in {drawn} episodes of refused requests ({forked} forks), rollout "
                   f"{tm['rollout_s']:.0f}s, update {tm['update_s']:.0f}s, entropy {metrics['train']['entropy']:.3f}, "
                   f"peak RSS {tm['peak_rss_gib']:.2f} GiB",
                   flush=True)
