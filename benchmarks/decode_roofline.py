@@ -178,7 +178,7 @@ def engine_decode(model, tokenizer, prompts, new_tokens: int, autocast, repeats:
             "tokens_per_s": len(prompts) * steps / decode, "tokens": [c[0].token_ids for c in out], "run": run}
 
 
-PRODUCTS = ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::_addmm_activation")
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::_addmm_activation", "mkldnn::_linear_pointwise")
 
 
 def scoped(name: str, fn):
@@ -193,9 +193,9 @@ def op_seconds(run, n: int) -> dict[str, float]:
     engine's attention functions and its sampler inside named scopes, whose own time counts to them."""
     from transformers.modeling_utils import AttentionInterface
 
-    decode_attention.register()
+    names = [decode_attention.register(kernel) for kernel in decode_attention.KERNELS]
     table = AttentionInterface._global_mapping
-    attention = {k: scoped("attention", table[k]) for k in (decode_attention.NAME, "sdpa")}
+    attention = {k: scoped("attention", table[k]) for k in (*names, "sdpa")}
     with mock.patch.dict(table, attention), mock.patch.object(hf, "sample_next", scoped("sampling", hf.sample_next)):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             started = time.perf_counter()

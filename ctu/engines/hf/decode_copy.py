@@ -23,6 +23,8 @@ import torch
 from ctu.engines.cpu.precision import cpu_bf16_support
 from ctu.engines.hf.decode_attention import use_grouped_decode
 from ctu.engines.hf.fused_linear import fuse_projections
+from ctu.engines.hf.packed_linear import available as packing_available
+from ctu.engines.hf.packed_linear import drop_packed, pack, unpack
 
 SETTINGS = ("float32", "bfloat16", "auto")
 
@@ -50,6 +52,8 @@ class DecodeCopy:
         self.builds = 0  # copies made (once, unless dropped)
         self.refreshes = 0  # weights merged into it again
         self.released: list[tuple[torch.UntypedStorage, int]] = []  # (storage, bytes) while :meth:`release`d
+        self.packs = packing_available(dtype)  # products by weights laid out once for oneDNN (``packed_linear``)
+        self.unpacked: list[tuple[torch.UntypedStorage, int]] = []  # plain weights freed once packed
 
     def get(self, source: torch.nn.Module, version: object) -> torch.nn.Module:
         """The copy of ``source`` at ``version``; ``source`` itself when its weights are in ``dtype`` already."""
@@ -61,16 +65,20 @@ class DecodeCopy:
                 if hasattr(made, "merge_and_unload"):  # peft: adapters merged into the fp32 base, then one cast
                     made = made.merge_and_unload()  # type: ignore[operator]
                 prepare(made, self.dtype)
+                self.unpacked = pack(made) if self.packs else []
             self.model, self.version = made, version
             self.builds += 1
         elif self.version != version or self.released:  # changed weights (or none): merged again, a tensor at a time
+            unpack(self.model, self.unpacked)  # the plain weights' storage back, to be written
             for storage, size in self.released:
                 storage.resize_(size)
-            self.released = []
+            self.released, self.unpacked = [], []
             written = refresh(self.model, source)
             if not {n for n, _ in self.model.named_parameters()} <= written:  # a tensor refresh cannot fill: made anew
                 self.drop()
                 return self.get(source, version)
+            with torch.no_grad():
+                self.unpacked = pack(self.model) if self.packs else []
             self.version = version
             self.refreshes += 1
         return self.model
@@ -80,17 +88,20 @@ class DecodeCopy:
         modules: the next :meth:`get` allocates them again and merges the weights in, as after any update."""
         if self.model is None or self.released:
             return
+        drop_packed(self.model)  # its packed weights freed too; the plain ones they replaced are freed already
+        unpacked = {storage._cdata for storage, _ in self.unpacked}
         seen: dict[int, tuple[torch.UntypedStorage, int]] = {}
         for param in self.model.parameters():
             storage = param.untyped_storage()
-            seen.setdefault(storage.data_ptr(), (storage, storage.nbytes()))
+            if storage._cdata not in unpacked:
+                seen.setdefault(storage._cdata, (storage, storage.nbytes()))
         for storage, _ in seen.values():
             storage.resize_(0)
         self.released = list(seen.values())
         self.version = None
 
     def drop(self) -> None:
-        self.model, self.version, self.released = None, None, []
+        self.model, self.version, self.released, self.unpacked = None, None, [], []
 
 
 def prepare(model: torch.nn.Module, dtype: torch.dtype) -> None:

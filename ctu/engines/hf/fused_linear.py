@@ -26,6 +26,7 @@ class _Shared:
         self.weight, self.bias, self.bounds = weight, bias, bounds
         self.input: torch.Tensor | None = None
         self.output: torch.Tensor | None = None
+        self.packed: torch.Tensor | None = None  # the weight laid out for oneDNN (``packed_linear``), or None
 
 
 class FusedMember(torch.nn.Linear):
@@ -42,15 +43,27 @@ class FusedMember(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shared = self.shared
-        if self.index == 0:
-            shared.input, shared.output = x, F.linear(x, shared.weight, shared.bias)
-        elif shared.input is not x or shared.output is None:
-            return F.linear(x, self.weight, self.bias)
         start, end = shared.bounds[self.index]
+        if self.index == 0:
+            shared.input, shared.output = x, _product(x, shared)
+        elif shared.input is not x or shared.output is None:  # packed: no plain rows of its own to multiply by
+            return F.linear(x, self.weight, self.bias) if shared.packed is None else _product(x, shared)[..., start:end]
         out = shared.output[..., start:end]
         if self.index == len(shared.bounds) - 1:  # the group's last member: the product is not kept past it
             shared.input, shared.output = None, None
         return out
+
+
+def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            packed: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, by the weight laid out for oneDNN (``packed_linear``) when there is one."""
+    if packed is None:
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _product(x: torch.Tensor, shared: _Shared) -> torch.Tensor:
+    return product(x, shared.weight, shared.bias, shared.packed)
 
 
 def _fusable(members: list) -> bool:

@@ -58,6 +58,7 @@ def test_the_setting_picks_bf16_only_where_the_cpu_computes_it_natively(monkeypa
 def test_the_copy_is_the_merged_model_and_follows_every_weight_change():
     model = lora_model()
     copies = DecodeCopy(torch.bfloat16)
+    copies.packs = False  # parameters compared one by one: plain ones (packed: test_packed_linear.py)
     made = copies.get(model, version=1)
     expected = dict(merged_bf16(model).named_parameters())
     assert {n: p.dtype for n, p in made.named_parameters()} == {n: torch.bfloat16 for n in expected}
@@ -111,6 +112,7 @@ def test_the_parity_probe_expects_bf16_logprobs_from_a_bf16_decode(monkeypatch):
 def test_a_released_copy_frees_its_weights_and_comes_back_merged_without_a_new_copy():
     model = lora_model()
     copies = DecodeCopy(torch.bfloat16)
+    copies.packs = False  # parameters compared one by one: plain ones (packed: test_packed_linear.py)
     made = copies.get(model, version=1)
     before = sum(p.untyped_storage().nbytes() for p in made.parameters())
     copies.release()
