@@ -6,8 +6,9 @@ decode step reads every weight once: bf16 weights halve that too. Autocast over 
 weight at every step (more memory traffic than fp32 itself), so the engine keeps a copy: the policy with its LoRA
 adapters merged (fp32 sum, one cast), in bf16, merged again in place when the policy's weights change (after each
 update). The copy costs the model's size in bf16 (~270 MB for SmolLM2-135M; a transient fp32 copy when first made).
-Its sibling projections run as one product each (``fused_linear``), and its one-token steps attend by grouped
-products (``decode_attention``): CPU flash attention is slow there in bf16.
+Its sibling projections run as one product each (``fused_linear``), every product over weights laid out once for
+oneDNN (``packed_linear``: the same outputs bit for bit), and its one-token steps attend by the kernel the CPU runs
+fastest (``decode_attention``: grouped products, or flash with AMX).
 
 Other tokens than fp32 decoding samples: the same tokens come only in the same precision. ``float32`` (the default)
 decodes as the trainer's weights are stored; ``auto`` picks bf16 where the CPU computes it natively (never on an
@@ -106,10 +107,11 @@ class DecodeCopy:
 
 def prepare(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Make ``model`` (the engine's own copy) the decode copy: parameters in ``dtype``, sibling projections fused,
-    one-token steps attending by grouped products in bf16."""
+    one-token steps attending by :func:`decode_attention.one_token_kernel`'s kernel in bf16 (packing is
+    :class:`DecodeCopy`'s, as it frees weights)."""
     cast_parameters(model, dtype)
     fuse_projections(model)
-    if dtype == torch.bfloat16:  # CPU flash attention is slow for one bf16 query token
+    if dtype == torch.bfloat16:  # CPU flash attention is slow for one bf16 query token without AMX
         use_grouped_decode(model)
 
 
