@@ -51,6 +51,9 @@ def _owners(model: torch.nn.Module) -> list[tuple[object, torch.Tensor, torch.Te
                 owners.append((module.shared, module.shared.weight, module.shared.bias))
         elif isinstance(module, torch.nn.Linear) and type(module) in (torch.nn.Linear, PackedLinear):
             module.__class__ = PackedLinear
+            # a forward of its own shadows the class's: the trainer's cast_once binds one to the policy's frozen
+            # Linears, and a copy of the policy made after a training step carries it (it would read the freed weight)
+            vars(module).pop("forward", None)
             owners.append((module, module.weight, module.bias))
     return owners
 

@@ -54,6 +54,29 @@ def test_packed_products_are_the_plain_products_and_free_all_but_the_tied_weight
     assert len(freed) == len({w.untyped_storage()._cdata for w in plain})
 
 
+def test_a_copy_of_a_model_the_trainer_patched_computes_by_its_packed_weights():
+    """The decode copy is made from the policy after a training step, whose frozen Linears the trainer's cast_once
+    gave a forward of their own: fails (reading a freed weight) on packing that leaves that forward in place."""
+    import copy
+
+    from ctu.engines.cpu.precision import TRAIN_DTYPE_ATTR
+    from ctu.train.cast_once import cast_once
+
+    policy = load_model("tiny-random").eval().requires_grad_(False)
+    setattr(policy, TRAIN_DTYPE_ATTR, torch.bfloat16)
+    with cast_once(policy):
+        pass
+    assert "forward" in vars(policy.model.layers[0].self_attn.o_proj)  # patched
+    made = copy.deepcopy(policy)
+    for p in made.parameters():
+        p.data = p.data.clone()
+    fuse_projections(made)
+    with torch.no_grad():
+        before = made(input_ids=IDS).logits
+        pack(made)
+        torch.testing.assert_close(made(input_ids=IDS).logits, before, rtol=1e-5, atol=1e-5)
+
+
 def test_an_update_is_written_into_the_plain_weights_and_laid_out_again():
     model, reference = fused_model(), fused_model()
     freed = pack(model)
