@@ -4,6 +4,8 @@ query); by the flash kernel over the key/value heads as they are with AMX."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import eager_attention_forward
@@ -75,22 +77,28 @@ def test_more_query_tokens_are_sdpa_s():
     assert torch.equal(ours, sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)[0])
 
 
+def prefill_then_step(model, ids, step_sdpa=None):
+    """(prefill logits, one decode step's logits) of a batch whose row 1 is left-padded by 4; ``step_sdpa`` stands in
+    for torch's sdpa during the step only."""
+    mask = torch.ones(ids.shape, dtype=torch.long)
+    mask[1, :4] = 0
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention",
+                               step_sdpa or torch.nn.functional.scaled_dot_product_attention):
+            step = model(input_ids=out.logits[:, -1].argmax(-1, keepdim=True), use_cache=True,
+                         attention_mask=torch.cat([mask, torch.ones(len(ids), 1, dtype=torch.long)], 1),
+                         **with_cache(cache_of(out)))
+    return out.logits, step.logits
+
+
 def test_a_decode_step_of_a_model_matches_sdpa_s():
     """A left-padded batch's prefill, then one step from its cache: the grouped model's logits are sdpa's."""
     torch.manual_seed(0)
     sdpa, grouped = load_model("tiny-random").eval(), load_model("tiny-random").eval()
     assert use_grouped_decode(grouped, "grouped") and grouped.config._attn_implementation == NAME
     ids = torch.randint(5, 1000, (3, 9))
-    mask = torch.ones(3, 9, dtype=torch.long)
-    mask[1, :4] = 0
-    logits = []
-    with torch.no_grad():
-        for model in (sdpa, grouped):
-            out = model(input_ids=ids, attention_mask=mask, use_cache=True)
-            step = model(input_ids=out.logits[:, -1].argmax(-1, keepdim=True), use_cache=True,
-                         attention_mask=torch.cat([mask, torch.ones(3, 1, dtype=torch.long)], 1),
-                         **with_cache(cache_of(out)))
-            logits.append((out.logits, step.logits))
+    logits = [prefill_then_step(model, ids) for model in (sdpa, grouped)]
     assert torch.equal(logits[0][0], logits[1][0])  # the prefill is sdpa's own
     torch.testing.assert_close(logits[1][1], logits[0][1], rtol=1e-5, atol=1e-5)
 
@@ -145,18 +153,7 @@ def test_with_amx_every_one_token_step_runs_the_flash_kernel_and_matches_sdpa(mo
         return real(query, key, *args, **kwargs)
 
     ids = torch.randint(5, 1000, (3, 9))
-    mask = torch.ones(3, 9, dtype=torch.long)
-    mask[1, :4] = 0
-    logits = []
-    with torch.no_grad():
-        for model in (sdpa, flash):
-            out = model(input_ids=ids, attention_mask=mask, use_cache=True)
-            monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
-            step = model(input_ids=out.logits[:, -1].argmax(-1, keepdim=True), use_cache=True,
-                         attention_mask=torch.cat([mask, torch.ones(3, 1, dtype=torch.long)], 1),
-                         **with_cache(cache_of(out)))
-            monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", real)
-            logits.append(step.logits)
+    logits = [prefill_then_step(model, ids, step_sdpa=counting)[1] for model in (sdpa, flash)]
     layers, kv_heads = flash.config.num_hidden_layers, flash.config.num_key_value_heads
     assert seen[layers:] == [(1, kv_heads)] * layers  # the flash copy: one query, key/value heads not repeated
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
