@@ -78,8 +78,7 @@ class DecodeCopy:
             if not {n for n, _ in self.model.named_parameters()} <= written:  # a tensor refresh cannot fill: made anew
                 self.drop()
                 return self.get(source, version)
-            with torch.no_grad():
-                self.unpacked = pack(self.model) if self.packs else []
+            self.unpacked = pack(self.model) if self.packs else []  # (pack runs without grad itself)
             self.version = version
             self.refreshes += 1
         return self.model
