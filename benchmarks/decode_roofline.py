@@ -149,7 +149,7 @@ def engine_decode(model, tokenizer, prompts, new_tokens: int, autocast, repeats:
             engine.kv_store.clear()
         params = SamplingParams(max_tokens=n, temperature=0.9, top_p=0.95, seed=0)
         if autocast == "fullsort":  # top-p as before its looks: every row's whole vocabulary sorted
-            ctx = mock.patch.object(hf, "sample_next", functools.partial(sampling.sample_next, looks=()))
+            ctx = mock.patch.object(hf, "sample_next", functools.partial(sampling.sample_next, floor=0.0))
         elif autocast == "multinomial":  # the bf16 copy with torch.multinomial (ctu's sampler before)
             ctx = mock.patch.object(hf, "sample_next", multinomial_sample_next)
         elif autocast == "cat":  # the KV cache grown by torch.cat every step, as before its buffers

@@ -1,6 +1,11 @@
 """The hf engine's sampler: temperature, top-k and top-p pick each row's candidates (top-p among the tokens above a
-probability floor first, then the largest few, a whole sort last), then one uniform number a row picks among them
+probability floor first, then above a floor of the row's own), then one uniform number a row picks among them
 (inverse CDF).
+
+Candidates are in nucleus order: descending probability, equal probabilities by token id (a bf16 model's are equal
+in whole runs), so which of equal tokens the nucleus keeps does not depend on a sort's implementation, and their
+masses are summed in float64 (:func:`nucleus_of_sorted`). Every floor keeps the very candidates a stable sort of the
+whole row keeps (``tests/unit/engines/hf/test_sampling.py``).
 
 ``torch.multinomial`` draws one exponential per vocabulary entry of every row (argmax of p / q, q ~ Exp(1)): at
 batch 16 x 49,152 entries that alone was 86% of a bf16 decode step's roofline on a 2-core CPU. Here each row draws
@@ -20,13 +25,13 @@ from __future__ import annotations
 
 import torch
 
-# The nucleus is looked for among each row's tokens of probability >= 1e-4 (at most 10^4 of them), then among its
-# 256 and 4096 largest probabilities, before sorting the whole row. SmolLM2-135M's first 24 decode steps of 16 mini
-# prompts at T 0.9, top-p 0.95 (a 2-core Zen 4, one thread): 89% of the rows settle above the floor (60% in the top
-# 256 without it), and sampling takes 13.6 ms a step instead of 33.5; at T 1.3, 95% of that base model's rows are
-# sorted whole either way (~60 ms). A second floor of 1e-6 settled the rest but sorted flat rows slower than whole.
-FLOORS = (1e-4,)
-LOOKS = (256, 4096)
+# The nucleus is looked for among each row's tokens of probability >= 1e-4 (at most 10^4 of them): SmolLM2-135M's
+# decode of the mini prompts at T 0.9, top-p 0.95 settles 86% of its rows there. A row whose nucleus reaches below
+# that floor takes a floor of its own from a histogram of its mass over log-probability (eighths of a nat): the
+# bucket where its mass from the top first exceeds top_p, one bucket lower.
+FLOOR = 1e-4
+BUCKETS_PER_NAT = 8
+NATS = 104  # exp(-104) is below float32's smallest normal: what lies lower has no mass
 
 DIVERGED = ("the model's next-token probabilities are not finite numbers (NaN or inf): its weights diverged; in "
             "training, lower trainer.lr (or trainer.sft_lr for the warm start) and start again")
@@ -42,32 +47,34 @@ def uniforms(generator, rows: int, device: torch.device) -> torch.Tensor:
 
 
 def nucleus_of_sorted(sorted_probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kept probabilities, which are dropped) of rows sorted in descending order: the smallest prefix whose mass
-    reaches ``top_p`` (a token is kept when the mass before it is at most ``top_p``)."""
-    drop = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p
+    """(kept probabilities, which are dropped) of rows in nucleus order (descending probability, equal ones by token
+    id): the smallest prefix whose mass reaches ``top_p`` (a token is kept when the mass before it, summed in
+    float64, is at most ``top_p``)."""
+    wide = sorted_probs.double()
+    drop = wide.cumsum(dim=-1) - wide > top_p
     return sorted_probs.masked_fill(drop, 0.0), drop
 
 
 def in_token_order(ids: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidates reordered by token id: which token a uniform picks must not depend on how torch.topk or sort
-    ordered equal probabilities."""
+    """Candidates reordered by token id."""
     ids, order = ids.sort(dim=-1)
     return ids, kept.gather(-1, order)
 
 
-def above_floor(probs: torch.Tensor, top_p: float, floor: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(settled [B], token ids [B, W], probabilities [B, W] in descending order, zero where cut or padded) of each
-    row's tokens of probability at least ``floor``: a row is settled when its nucleus ends among them, that is when
-    their whole mass exceeds ``top_p`` (the first token below the floor is dropped). Every token below the floor is
-    less likely than every one above it, so no tie straddles the floor, and the cumulative sums of a sorted prefix
-    do not depend on what follows it: a settled row keeps the very candidates a sort of its whole row keeps. Equal
-    probabilities stay in token order (stable sorts). At most 1 / ``floor`` tokens a row are sorted."""
-    chosen = probs >= floor
-    counts = chosen.sum(dim=-1)
+def above_floor(probs: torch.Tensor, top_p: float, floor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(settled [B], token ids [B, W], probabilities [B, W] in nucleus order, zero where cut or padded) of each
+    row's tokens of probability at least ``floor`` (a number, or one a row): a row is settled when its nucleus ends
+    among them, that is when their whole mass exceeds ``top_p`` (the first token below the floor is dropped). Every
+    token below the floor is less likely than every one above it, so no tie straddles the floor, and the cumulative
+    sums of a sorted prefix do not depend on what follows it: a settled row keeps the very candidates a stable sort
+    of its whole row keeps (``floor`` 0.0: that sort)."""
+    chosen = probs >= (floor if isinstance(floor, float) else floor[:, None])
     row, col = chosen.nonzero(as_tuple=True)  # row-major: rows ascending, tokens ascending within a row
+    counts = torch.bincount(row, minlength=probs.shape[0])
     values = probs[row, col]
-    order = values.sort(descending=True, stable=True).indices
-    order = order[row[order].sort(stable=True).indices]  # each row's own, still in descending probability
+    # one sort for rows ascending, probability descending (the bits of a float >= 0 order as it does); a stable
+    # sort keeps equal probabilities in token order
+    order = ((row << 31) | (0x7FFFFFFF - values.view(torch.int32).long())).sort(stable=True).indices
     row, col, values = row[order], col[order], values[order]
     slot = torch.arange(len(row), device=probs.device) - (counts.cumsum(0) - counts)[row]
     width = int(counts.max()) + 1 if len(counts) else 1  # a zero column past every row's last chosen token
@@ -79,52 +86,58 @@ def above_floor(probs: torch.Tensor, top_p: float, floor: float) -> tuple[torch.
     return drop[:, -1], ids, kept
 
 
-def candidates(probs: torch.Tensor, top_p: float, top_k: int = 0, looks: tuple[int, ...] = LOOKS,
-               floors: tuple[float, ...] = FLOORS) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
-    """Groups of rows with their candidates in token order: (row indices, token ids [n, K] or None for the whole
+def floors_of(logp: torch.Tensor, probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """A floor a row [n] whose tokens above hold more than ``top_p`` of its mass: a histogram of the row's mass over
+    its log-probabilities (:data:`BUCKETS_PER_NAT` buckets a nat) summed from the top, the lower edge of the bucket
+    where it first exceeds ``top_p`` (float rounding of the sums never decides: :func:`above_floor` checks)."""
+    top = BUCKETS_PER_NAT * NATS
+    bucket = logp.mul(-BUCKETS_PER_NAT).clamp_(0, top).long()
+    mass = probs.new_zeros(len(probs), top + 1).scatter_add_(1, bucket, probs)
+    first = (mass.cumsum(dim=-1) <= top_p).sum(dim=-1) + 1  # buckets down to the crossing one
+    return (torch.exp(-first.double() / BUCKETS_PER_NAT) * (1 - 1e-5)).float()  # its lower edge, and a margin
+
+
+def candidates(probs: torch.Tensor, top_p: float, top_k: int = 0, logp: torch.Tensor | None = None,
+               floor: float | None = FLOOR) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    """Groups of rows with their candidates in nucleus order: (row indices, token ids [n, K] or None for the whole
     vocabulary, probabilities [n, K], zero where cut).
 
-    top-k keeps each row's k largest; top-p then keeps the smallest prefix of them (all of a row, sorted, without
-    top-k) whose mass reaches ``top_p``. Without top-k a row's nucleus is looked for among its tokens above each of
-    ``floors`` (:func:`above_floor`), then among its ``looks`` largest probabilities (torch.topk), and only a row
-    whose nucleus is wider than every look, or whose edge equal probabilities straddle, is sorted whole: the
-    cumulative sums of a sorted prefix do not depend on what follows it, so every floor and look keeps the very
-    candidates the whole sort keeps."""
+    The nucleus order is descending probability, equal probabilities by token id. top-k keeps each row's k first;
+    top-p then keeps the smallest prefix of them (all of a row, without top-k) whose mass reaches ``top_p``. Without
+    top-k a row's nucleus is looked for among its tokens above ``floor``, then above a floor of its own
+    (:func:`floors_of`, from ``logp``: the rows' log-probabilities, ``probs.log()`` if not given); a row neither
+    settles (a float64 sum rounded across top_p) is sorted whole. Every floor keeps the very candidates a stable
+    sort of the whole row keeps: no row's candidates depend on the others in its batch."""
     rows = torch.arange(probs.shape[0], device=probs.device)
     vocab = probs.shape[-1]
     if 0 < top_k < vocab:
         top, ids = probs.topk(top_k, dim=-1)
-        return [(rows, *in_token_order(ids, nucleus_of_sorted(top, top_p)[0] if top_p < 1.0 else top))]
+        ids, top = in_token_order(ids, top)  # equal probabilities by token id, whatever topk's order
+        top, order = top.sort(dim=-1, descending=True, stable=True)
+        return [(rows, ids.gather(-1, order), nucleus_of_sorted(top, top_p)[0] if top_p < 1.0 else top)]
     if top_p >= 1.0:
         return [(rows, None, probs)]
     groups: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
     left = probs
-    for floor in floors:
-        if not len(rows):
-            break
-        settled, ids, kept = above_floor(left, top_p, floor)
-        rows, left = _settle(groups, settled, rows, ids, kept, left)
-    for first in looks:
-        if vocab <= first or not len(rows):
-            break
-        top, ids = left.topk(first, dim=-1)
-        kept, drop = nucleus_of_sorted(top, top_p)
-        edge = drop.int().argmax(dim=-1, keepdim=True)  # the first dropped position of each row
-        tied = (top.gather(-1, edge) == top.gather(-1, (edge - 1).clamp(min=0))).squeeze(-1)
-        settled = drop[:, -1] & ~tied  # the nucleus ends inside this look, and no tie decides its edge
-        rows, left = _settle(groups, settled, rows, ids, kept, left)
+    if floor is not None:
+        rows, left = _settle(groups, *above_floor(left, top_p, floor), rows, left)
     if len(rows):
-        top, ids = left.sort(dim=-1, descending=True)  # only these rows are sorted whole
-        groups.append((rows, None, torch.zeros_like(top).scatter(-1, ids, nucleus_of_sorted(top, top_p)[0])))
+        own = floors_of((left.log() if logp is None else logp[rows]), left, top_p)
+        rows, left = _settle(groups, *above_floor(left, top_p, own), rows, left)
+    if len(rows):
+        rows, left = _settle(groups, *above_floor(left, top_p, 0.0), rows, left)
+    if len(rows):  # a row of finite probabilities summing to ~1 settles at floor 0
+        raise RuntimeError(DIVERGED)
     return groups
 
 
-def _settle(groups: list, settled: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor,
+def _settle(groups: list, settled: torch.Tensor, ids: torch.Tensor, kept: torch.Tensor, rows: torch.Tensor,
             left: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Append the ``settled`` rows' candidates to ``groups``; (row indices, probabilities) of the rows left."""
     done = settled.nonzero().squeeze(-1)
-    if len(done):
-        groups.append((rows[done], *in_token_order(ids[done], kept[done])))
+    if not len(done):
+        return rows, left
+    groups.append((rows[done], ids[done], kept[done]))
     wider = (~settled).nonzero().squeeze(-1)
     return rows[wider], left[wider]
 
@@ -145,8 +158,8 @@ def pick(kept: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return pos, total
 
 
-def sample_next(logits: torch.Tensor, params, generator, looks: tuple[int, ...] = LOOKS,
-                floors: tuple[float, ...] = FLOORS) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(logits: torch.Tensor, params, generator, floor: float | None = FLOOR
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(token ids [B], their logprobs [B]) from last-position logits [B, V] under ``params`` (temperature, top_p,
     top_k). ``generator``: one ``torch.Generator`` for the batch, a list of one per row (per-request seeds), or
     None (torch's default)."""
@@ -160,7 +173,7 @@ def sample_next(logits: torch.Tensor, params, generator, looks: tuple[int, ...] 
     tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     logprobs = logp.new_empty(logits.shape[0])
     cut = params.top_p < 1.0 or 0 < getattr(params, "top_k", 0) < logits.shape[-1]
-    for rows, ids, kept in candidates(logp.exp(), params.top_p, getattr(params, "top_k", 0), looks, floors):
+    for rows, ids, kept in candidates(logp.exp(), params.top_p, getattr(params, "top_k", 0), logp, floor):
         pos, total = pick(kept, u[rows])
         token = pos if ids is None else ids.gather(-1, pos[:, None]).squeeze(-1)
         lp = logp[rows, token]

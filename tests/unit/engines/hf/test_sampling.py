@@ -69,9 +69,9 @@ CASES = {  # name: (row kind, temperature, top_p, top_k)
 
 
 def draws(logits: torch.Tensor, temperature: float, top_p: float, top_k: int, seed: int = 0,
-          looks=sampling.LOOKS) -> tuple[torch.Tensor, torch.Tensor]:
+          floor=sampling.FLOOR) -> tuple[torch.Tensor, torch.Tensor]:
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-    return sample_next(logits.expand(DRAWS, -1), params, torch.Generator().manual_seed(seed), looks)
+    return sample_next(logits.expand(DRAWS, -1), params, torch.Generator().manual_seed(seed), floor)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -114,44 +114,82 @@ def test_an_off_by_one_nucleus_edge_is_rejected(monkeypatch):
     assert chi2_rejects(tokens, exact(logits, temperature, top_p))
 
 
-def test_rows_of_one_batch_settled_by_different_floors_and_looks_each_follow_their_own_distribution():
-    """Rows whose nucleus is found above the floor, in the first look, the second, or only by sorting the row whole,
-    interleaved in one batch: each row's draws come from its own truncated distribution (a floor of 0.1, looks of 4
-    and 16 over 32 tokens)."""
-    wide = torch.randn(VOCAB, generator=torch.Generator().manual_seed(2)) * 0.3  # a nucleus of 28 tokens: sorted
+def test_rows_of_one_batch_settled_above_the_floor_their_own_floor_or_whole_each_follow_their_own_distribution():
+    """Rows whose nucleus is found above the floor or above a floor of their own, and rows sorted whole, interleaved
+    in one batch: each row's draws come from its own truncated distribution (a floor of 0.1 over 32 tokens)."""
+    wide = torch.randn(VOCAB, generator=torch.Generator().manual_seed(2)) * 0.3  # a nucleus of 28 tokens
     medium = torch.cat([torch.randn(10, generator=torch.Generator().manual_seed(3)) + 6, torch.zeros(VOCAB - 10)])
     tied = torch.cat([torch.full((6,), 4.0), torch.zeros(VOCAB - 6)])  # six equal tokens of 0.154: the floor's
-    kinds = [1.6 * row("peaked"), medium, wide, tied]  # nuclei of 2 (in the top 4) and 7 (in the top 16)
+    kinds = [1.6 * row("peaked"), medium, wide, tied]
     probs = torch.softmax(torch.stack(kinds), -1)
-    groups = sampling.candidates(probs, 0.9, looks=(4, 16), floors=(0.1,))
-    assert [(rows.tolist(), None if ids is None else ids.shape[-1]) for rows, ids, _ in groups] == \
-        [([3], 7), ([0], 4), ([1], 16), ([2], None)]  # 6 tokens above the floor and a zero column
-    assert [ids is None for _, ids, _ in sampling.candidates(probs, 0.9, looks=(4, 16), floors=())] == [False, False, True]
+    groups = sampling.candidates(probs, 0.9, floor=0.1)
+    assert [rows.tolist() for rows, _, _ in groups] == [[3], [0, 1, 2]]  # above 0.1; their own floors
+    assert [rows.tolist() for rows, _, _ in sampling.candidates(probs, 0.9, floor=0.0)] == [[0, 1, 2, 3]]
     logits = torch.stack(kinds).repeat(DRAWS, 1)
     params = SamplingParams(temperature=1.0, top_p=0.9)
-    tokens, logprobs = sample_next(logits, params, torch.Generator().manual_seed(0), looks=(4, 16), floors=(0.1,))
+    tokens, logprobs = sample_next(logits, params, torch.Generator().manual_seed(0), 0.1)
     for i, x in enumerate(kinds):
         want = exact(x, 1.0, 0.9)
         assert not chi2_rejects(tokens[i::4], want), i
         torch.testing.assert_close(logprobs[i::4].double(), want.log()[tokens[i::4]], rtol=0, atol=2e-6)
 
 
-def test_a_floor_keeps_the_candidates_a_whole_sort_keeps():
-    """Over rows as a 135M model's decode gives them (49,152 entries, peaked to flat), the floor's candidates are
-    the whole sort's, token for token and probability for probability, wherever the floor settles a row."""
+def kept_sets(probs: torch.Tensor, top_p: float, floor) -> list[set[int]]:
+    """Each row's candidates (token ids with mass) as ``sampling.candidates`` gives them."""
+    out: list[set[int]] = [set() for _ in range(len(probs))]
+    for rows, ids, kept in sampling.candidates(probs, top_p, floor=floor):
+        for r, i, k in zip(rows.tolist(), (ids if ids is not None else torch.arange(probs.shape[-1]).expand_as(kept)),
+                           kept, strict=True):
+            out[r] = set(i[k > 0].tolist())
+    return out
+
+
+def test_every_floor_keeps_the_candidates_a_stable_whole_sort_keeps():
+    """Over rows as a 135M model's decode gives them (49,152 entries, peaked to flat, some nuclei reaching below
+    the floor), the candidates of the floor and of a row's own floor are those of a stable sort of the whole row
+    (floor 0), token for token, and those of torch's stable sort of each row with float64 sums."""
     g = torch.Generator().manual_seed(4)
     logits = torch.randn(24, 49152, generator=g) * torch.linspace(0.5, 4.0, 24)[:, None]
     logits[:, :30] += torch.linspace(14, 2, 30)
     probs = torch.softmax(logits, -1)
-    [(_, _, whole)] = sampling.candidates(probs, 0.95, looks=(), floors=())
-    settled_any = 0
-    for rows, ids, kept in sampling.candidates(probs, 0.95, looks=(), floors=(1e-4,)):
-        if ids is None:
-            continue
-        settled_any += len(rows)
-        spread = torch.zeros(len(rows), 49152).scatter_add(-1, ids, kept)
-        assert torch.equal(spread, whole[rows])
-    assert 0 < settled_any < len(probs)
+    whole = kept_sets(probs, 0.95, 0.0)
+    assert kept_sets(probs, 0.95, sampling.FLOOR) == whole
+    assert kept_sets(probs, 0.95, None) == whole
+    top, order = probs.sort(dim=-1, descending=True, stable=True)
+    wide = top.double()
+    assert [set(o[c].tolist()) for o, c in zip(order, wide.cumsum(-1) - wide <= 0.95, strict=True)] == whole
+    groups = sampling.candidates(probs, 0.95)
+    assert len(groups) == 2 and 0 < len(groups[0][0]) < len(probs)  # some rows settle above 1e-4, others below
+
+
+def test_equal_probabilities_at_the_nucleus_edge_are_kept_in_token_order():
+    """Logits of four values (a bf16 model's are equal in whole runs) whose nucleus ends inside the second group:
+    its first tokens by id are kept, whichever floor finds them (torch's unstable sort kept others)."""
+    logits = torch.randint(0, 4, (2, 49152), generator=torch.Generator().manual_seed(0)).float() * 0.5
+    probs = torch.softmax(logits, -1)
+    for r, kept in enumerate(kept_sets(probs, 0.6, sampling.FLOOR)):
+        first, edge = (logits[r] == 1.5).nonzero().squeeze(-1), (logits[r] == 1.0).nonzero().squeeze(-1)
+        assert len(first) < len(kept) < len(first) + len(edge)
+        assert kept == set(first.tolist()) | set(edge[: len(kept) - len(first)].tolist())
+        for floor in (None, 0.0):
+            assert kept_sets(probs[r:r + 1], 0.6, floor) == [kept]
+
+
+def test_a_nucleus_below_the_floor_is_not_sorted_whole(monkeypatch):
+    """A nucleus of ~20,000 tokens of 5e-5 each (below the 1e-4 floor) in 49,152: the row's own floor sorts about
+    its nucleus, not the whole row (each such row was sorted whole: ~2 ms on one core)."""
+    sorted_sizes = []
+    real_sort = torch.Tensor.sort
+
+    def sort(self, *args, **kwargs):
+        sorted_sizes.append(self.numel())
+        return real_sort(self, *args, **kwargs)
+
+    logits = torch.randn(8, 49152, generator=torch.Generator().manual_seed(0)) * 0.3
+    logits[:, 20000:] -= 8.0
+    monkeypatch.setattr(torch.Tensor, "sort", sort)
+    sample_next(logits, SamplingParams(temperature=1.0, top_p=0.95), torch.Generator().manual_seed(0))
+    assert 0 < sum(sorted_sizes) < 8 * 25_000
 
 
 @pytest.mark.parametrize("top_p, top_k", [(1.0, 0), (0.9, 0), (1.0, 12)])
