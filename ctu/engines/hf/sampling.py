@@ -163,16 +163,18 @@ def sample_next(logits: torch.Tensor, params, generator, floor: float | None = F
     """(token ids [B], their logprobs [B]) from last-position logits [B, V] under ``params`` (temperature, top_p,
     top_k). ``generator``: one ``torch.Generator`` for the batch, a list of one per row (per-request seeds), or
     None (torch's default)."""
-    logits = logits.float()
+    wide = logits.float()
     if params.temperature == 0:
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = torch.log_softmax(wide, dim=-1)
         tokens = logp.argmax(dim=-1)
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-    logp = torch.log_softmax(logits / params.temperature, dim=-1)
-    u = uniforms(generator, logits.shape[0], logits.device)
-    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    logprobs = logp.new_empty(logits.shape[0])
-    cut = params.top_p < 1.0 or 0 < getattr(params, "top_k", 0) < logits.shape[-1]
+    # a bf16 row's float copy is divided in place (the caller's fp32 logits are not written)
+    scaled = wide.div_(params.temperature) if wide is not logits else wide / params.temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    u = uniforms(generator, logp.shape[0], logp.device)
+    tokens = torch.empty(logp.shape[0], dtype=torch.long, device=logp.device)
+    logprobs = logp.new_empty(logp.shape[0])
+    cut = params.top_p < 1.0 or 0 < getattr(params, "top_k", 0) < logp.shape[-1]
     for rows, ids, kept in candidates(logp.exp(), params.top_p, getattr(params, "top_k", 0), logp, floor):
         pos, total = pick(kept, u[rows])
         token = pos if ids is None else ids.gather(-1, pos[:, None]).squeeze(-1)
