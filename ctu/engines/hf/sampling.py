@@ -15,9 +15,10 @@ distribution (up to u's 2^-53 grid). A seeded run samples the same tokens again 
 generator per row (per-request seeds), a row's tokens do not depend on the rest of its batch. Tokens differ from
 torch.multinomial's for the same seed: what is kept is the distribution, not one random stream.
 
-The logprob of the sampled token is taken here, from the distribution it was drawn from: ``log_softmax(logits /
-T)`` renormalised over the top-k/top-p candidates (``log p_i - log sum(p)``), exactly ``log_softmax(logits / T)``
-when nothing is cut (top_p = 1, no top-k), and plain ``log_softmax(logits)`` when greedy. The trainer's importance
+The logprob of the sampled token is taken here, from the distribution it was drawn from: ``log`` of its probability
+``softmax(logits / T)`` renormalised over the top-k/top-p candidates (``log p_i - log sum(p)``), ``log p_i`` when
+nothing is cut (top_p = 1, no top-k: within float32's rounding of ``log_softmax``), and plain
+``log_softmax(logits)`` when greedy. The trainer's importance
 weights (``trainer.tis_cap``) divide by this: the policy that really sampled.
 """
 
@@ -170,15 +171,15 @@ def sample_next(logits: torch.Tensor, params, generator, floor: float | None = F
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
     # a bf16 row's float copy is divided in place (the caller's fp32 logits are not written)
     scaled = wide.div_(params.temperature) if wide is not logits else wide / params.temperature
-    logp = torch.log_softmax(scaled, dim=-1)
-    u = uniforms(generator, logp.shape[0], logp.device)
-    tokens = torch.empty(logp.shape[0], dtype=torch.long, device=logp.device)
-    logprobs = logp.new_empty(logp.shape[0])
-    cut = params.top_p < 1.0 or 0 < getattr(params, "top_k", 0) < logp.shape[-1]
-    for rows, ids, kept in candidates(logp.exp(), params.top_p, getattr(params, "top_k", 0), logp, floor):
+    probs = torch.softmax(scaled, dim=-1)  # the log of a row's probabilities is taken only where a floor needs it
+    u = uniforms(generator, probs.shape[0], probs.device)
+    tokens = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
+    logprobs = probs.new_empty(probs.shape[0])
+    cut = params.top_p < 1.0 or 0 < getattr(params, "top_k", 0) < probs.shape[-1]
+    for rows, ids, kept in candidates(probs, params.top_p, getattr(params, "top_k", 0), None, floor):
         pos, total = pick(kept, u[rows])
         token = pos if ids is None else ids.gather(-1, pos[:, None]).squeeze(-1)
-        lp = logp[rows, token]
+        lp = probs[rows, token].log()
         tokens[rows] = token
         logprobs[rows] = (lp.double() - total.log()).float() if cut else lp
     return tokens, logprobs
