@@ -7,8 +7,9 @@ weight at every step (more memory traffic than fp32 itself), so the engine keeps
 adapters merged (fp32 sum, one cast), in bf16, merged again in place when the policy's weights change (after each
 update). The copy costs the model's size in bf16 (~270 MB for SmolLM2-135M; a transient fp32 copy when first made).
 Its sibling projections run as one product each (``fused_linear``), every product over weights laid out once for
-oneDNN (``packed_linear``: the same outputs bit for bit), and its one-token steps attend by the kernel the CPU runs
-fastest (``decode_attention``: grouped products, or flash with AMX).
+oneDNN (``packed_linear``: the same outputs bit for bit), its one-token steps attend by the kernel the CPU runs
+fastest (``decode_attention``: grouped products, or flash with AMX), and a Llama copy's steps run without
+transformers' module calls (``llama_step``: the same logits bit for bit).
 
 Other tokens than fp32 decoding samples: the same tokens come only in the same precision. ``float32`` (the default)
 decodes as the trainer's weights are stored; ``auto`` picks bf16 where the CPU computes it natively (never on an
