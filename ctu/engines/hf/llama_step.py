@@ -41,13 +41,13 @@ _MASK_ARGS = {"config", "inputs_embeds", "attention_mask", "cache", "position_id
 
 def supports(model: torch.nn.Module, cache) -> bool:
     """Whether :func:`step` decodes ``model`` with ``cache`` (else its own forward does): a Llama of transformers'
-    own layers and forward, no module hooked (a hook would not run), a cache of plain dynamic layers, one a layer."""
-    if (not _MASK_ARGS or type(model) is not LlamaForCausalLM or "forward" in vars(model)  # a forward of its own
-            or plain_layers(cache) is None or model.training):
+    own layers, no module hooked or given a forward of its own (neither would run), a cache of plain dynamic layers,
+    one a layer."""
+    if not _MASK_ARGS or type(model) is not LlamaForCausalLM or plain_layers(cache) is None or model.training:
         return False
-    hooked = torch.nn.modules.module  # hooks on every module, or on one of this model's
-    if hooked._global_forward_hooks or hooked._global_forward_pre_hooks or any(
-            m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+    hooked = torch.nn.modules.module  # hooks on every module, or on one of this model's; a forward of a module's own
+    if hooked._global_forward_hooks or hooked._global_forward_pre_hooks or any(  # (the trainer's cast_once binds some)
+            m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m) for m in model.modules()):
         return False
     inner = model.model
     layers = inner.layers[: model.config.num_hidden_layers]
