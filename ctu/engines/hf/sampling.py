@@ -2,10 +2,12 @@
 probability floor first, then above a floor of the row's own), then one uniform number a row picks among them
 (inverse CDF).
 
-Candidates are in nucleus order: descending probability, equal probabilities by token id (a bf16 model's are equal
-in whole runs), so which of equal tokens the nucleus keeps does not depend on a sort's implementation, and their
-masses are summed in float64 (:func:`nucleus_of_sorted`). Every floor keeps the very candidates a stable sort of the
-whole row keeps (``tests/unit/engines/hf/test_sampling.py``).
+The nucleus is taken in one order: descending probability, equal probabilities by token id (a bf16 model's are
+equal in whole runs), so which of equal tokens it keeps does not depend on a sort's implementation, and its masses
+are summed in float64 (:func:`nucleus_of_sorted`). Every floor keeps the very candidates a stable sort of the whole
+row keeps (``tests/unit/engines/hf/test_sampling.py``). The draw then walks the candidates in token order: a logit
+that rounds otherwise on another CPU (fp32 against bf16, AVX2 against AVX-512) moves the cumulative sums by as
+little, where an order by probability would reorder nearly equal tokens and change the token a uniform picks.
 
 ``torch.multinomial`` draws one exponential per vocabulary entry of every row (argmax of p / q, q ~ Exp(1)): at
 batch 16 x 49,152 entries that alone was 86% of a bf16 decode step's roofline on a 2-core CPU. Here each row draws
@@ -31,6 +33,7 @@ import torch
 # that floor takes a floor of its own from a histogram of its mass over log-probability (eighths of a nat): the
 # bucket where its mass from the top first exceeds top_p, one bucket lower.
 FLOOR = 1e-4
+WIDE = 2048  # candidates a row beyond which they are drawn from over the whole row rather than sorted by token id
 BUCKETS_PER_NAT = 8
 NATS = 104  # exp(-104) is below float32's smallest normal: what lies lower has no mass
 
@@ -57,7 +60,7 @@ def nucleus_of_sorted(sorted_probs: torch.Tensor, top_p: float) -> tuple[torch.T
 
 
 def in_token_order(ids: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidates reordered by token id."""
+    """Candidates reordered by token id: which token a uniform picks must not depend on how they were ordered."""
     ids, order = ids.sort(dim=-1)
     return ids, kept.gather(-1, order)
 
@@ -100,7 +103,7 @@ def floors_of(logp: torch.Tensor, probs: torch.Tensor, top_p: float) -> torch.Te
 
 def candidates(probs: torch.Tensor, top_p: float, top_k: int = 0, logp: torch.Tensor | None = None,
                floor: float | None = FLOOR) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
-    """Groups of rows with their candidates in nucleus order: (row indices, token ids [n, K] or None for the whole
+    """Groups of rows with their candidates in token order: (row indices, token ids [n, K] or None for the whole
     vocabulary, probabilities [n, K], zero where cut).
 
     The nucleus order is descending probability, equal probabilities by token id. top-k keeps each row's k first;
@@ -115,7 +118,8 @@ def candidates(probs: torch.Tensor, top_p: float, top_k: int = 0, logp: torch.Te
         top, ids = probs.topk(top_k, dim=-1)
         ids, top = in_token_order(ids, top)  # equal probabilities by token id, whatever topk's order
         top, order = top.sort(dim=-1, descending=True, stable=True)
-        return [(rows, ids.gather(-1, order), nucleus_of_sorted(top, top_p)[0] if top_p < 1.0 else top)]
+        kept = nucleus_of_sorted(top, top_p)[0] if top_p < 1.0 else top
+        return [(rows, *in_token_order(ids.gather(-1, order), kept))]
     if top_p >= 1.0:
         return [(rows, None, probs)]
     groups: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
@@ -138,7 +142,11 @@ def _settle(groups: list, settled: torch.Tensor, ids: torch.Tensor, kept: torch.
     done = settled.nonzero().squeeze(-1)
     if not len(done):
         return rows, left
-    groups.append((rows[done], ids[done], kept[done]))
+    ids, kept = ids[done], kept[done]
+    if ids.shape[-1] > WIDE:  # spread over the whole row: a cumulative sum of it costs less than sorting the ids
+        groups.append((rows[done], None, torch.zeros_like(left[done]).scatter_add_(-1, ids, kept)))  # (padding: 0)
+    else:
+        groups.append((rows[done], *in_token_order(ids, kept)))
     wider = (~settled).nonzero().squeeze(-1)
     return rows[wider], left[wider]
 
