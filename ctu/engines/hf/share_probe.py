@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ctu.engines.base import SamplingParams
+from ctu.engines.hf.fused_linear import FusedMember, product
 
 PROBE_TOKENS = 6
 LINEAR_ROWS = 64
@@ -35,21 +36,25 @@ def decode_probe(engine: Any) -> Callable[[], list[torch.Tensor]]:
     full = [torch.randint(3, vocab, (8 + 3 * i,), generator=g).tolist() for i in range(batch)]
     params = SamplingParams(max_tokens=PROBE_TOKENS, temperature=1.0, seed=0)
     head = net.get_output_embeddings() if hasattr(net, "get_output_embeddings") else None
-    weights: dict[tuple, tuple[torch.Tensor, int]] = {}
+    weights: dict[tuple, tuple[torch.Tensor, torch.Tensor | None, int]] = {}
     for module in net.modules():
         if isinstance(module, torch.nn.Linear):
             rows = batch if module is head else LINEAR_ROWS
-            weights.setdefault((tuple(module.weight.shape), module.weight.dtype), (module.weight, rows))
+            # a decode copy's product by its packed weight (``packed_linear``: the plain one may be freed)
+            owner = module.shared if isinstance(module, FusedMember) else module
+            weight = owner.weight
+            packed = getattr(owner, "packed", None)
+            weights.setdefault((tuple(weight.shape), weight.dtype), (weight, packed, rows))
     inputs = {key: torch.randn((rows, w.shape[1]), generator=g).to(w.device, w.dtype)
-              for key, (w, rows) in weights.items()}
+              for key, (w, _, rows) in weights.items()}
 
     def compute() -> list[torch.Tensor]:
         done, _ = engine._generate_batch(full, params, torch.Generator(device=engine.device).manual_seed(0))
         out = [torch.tensor([t for c in done for t in c.token_ids]),
                torch.tensor([x for c in done for x in c.logprobs], dtype=torch.float64)]
         with torch.inference_mode():
-            for key, (w, rows) in weights.items():
-                out.extend(torch.nn.functional.linear(inputs[key][:n], w) for n in range(1, rows + 1))
+            for key, (w, packed, rows) in weights.items():
+                out.extend(product(inputs[key][:n], w, None, packed) for n in range(1, rows + 1))
         return out
 
     return compute

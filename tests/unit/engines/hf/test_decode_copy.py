@@ -141,3 +141,4 @@ def test_the_engine_idles_through_an_update_and_samples_the_new_weights_after():
             if "lora_B" in name:
                 p.mul_(-3.0)
     assert generate(engine, **sampling) == generate(HFEngine(merged_bf16(model), tokenizer), **sampling)
+
