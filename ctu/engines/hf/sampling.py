@@ -101,15 +101,15 @@ def floors_of(logp: torch.Tensor, probs: torch.Tensor, top_p: float) -> torch.Te
     return (torch.exp(-first.double() / BUCKETS_PER_NAT) * (1 - 1e-5)).float()  # its lower edge, and a margin
 
 
-def candidates(probs: torch.Tensor, top_p: float, top_k: int = 0, logp: torch.Tensor | None = None,
-               floor: float | None = FLOOR) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+def candidates(probs: torch.Tensor, top_p: float, top_k: int = 0, floor: float | None = FLOOR
+               ) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
     """Groups of rows with their candidates in token order: (row indices, token ids [n, K] or None for the whole
     vocabulary, probabilities [n, K], zero where cut).
 
     The nucleus order is descending probability, equal probabilities by token id. top-k keeps each row's k first;
     top-p then keeps the smallest prefix of them (all of a row, without top-k) whose mass reaches ``top_p``. Without
     top-k a row's nucleus is looked for among its tokens above ``floor``, then above a floor of its own
-    (:func:`floors_of`, from ``logp``: the rows' log-probabilities, ``probs.log()`` if not given); a row neither
+    (:func:`floors_of`, from the log of those rows' probabilities); a row neither
     settles (a float64 sum rounded across top_p) is sorted whole. Every floor keeps the very candidates a stable
     sort of the whole row keeps: no row's candidates depend on the others in its batch."""
     rows = torch.arange(probs.shape[0], device=probs.device)
@@ -127,7 +127,7 @@ def candidates(probs: torch.Tensor, top_p: float, top_k: int = 0, logp: torch.Te
     if floor is not None:
         rows, left = _settle(groups, *above_floor(left, top_p, floor), rows, left)
     if len(rows):
-        own = floors_of((left.log() if logp is None else logp[rows]), left, top_p)
+        own = floors_of(left.log(), left, top_p)
         rows, left = _settle(groups, *above_floor(left, top_p, own), rows, left)
     if len(rows):
         rows, left = _settle(groups, *above_floor(left, top_p, 0.0), rows, left)
@@ -184,7 +184,7 @@ def sample_next(logits: torch.Tensor, params, generator, floor: float | None = F
     tokens = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
     logprobs = probs.new_empty(probs.shape[0])
     cut = params.top_p < 1.0 or 0 < getattr(params, "top_k", 0) < probs.shape[-1]
-    for rows, ids, kept in candidates(probs, params.top_p, getattr(params, "top_k", 0), None, floor):
+    for rows, ids, kept in candidates(probs, params.top_p, getattr(params, "top_k", 0), floor):
         pos, total = pick(kept, u[rows])
         token = pos if ids is None else ids.gather(-1, pos[:, None]).squeeze(-1)
         lp = probs[rows, token].log()
