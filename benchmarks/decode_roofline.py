@@ -11,7 +11,7 @@
    adapters not merged), with the engine's bf16 decode copy of it (``engine.decode_dtype=bfloat16``), with bf16
    weights, and under bf16 autocast; each against the roofline of its dtype;
 4. where a decode step's time goes (``--breakdown``, the bf16 decode copy by default): torch.profiler over a decode
-   of ``--new-tokens`` less one of a single token (so without the prefill), each operator's own time put under the
+   of ``--new-tokens`` less one of half as many (the same prefill: decode steps only), each operator's own time put under the
    products (``mm``/``addmm``/``linear``), attention (inside the decode copy's attention function), sampling (inside
    ``sample_next``) or the other operators; what the wall clock has beyond all operators is Python (the engine's
    loop, transformers' modules, the profiler's own cost);
@@ -214,8 +214,8 @@ def op_seconds(run, n: int) -> dict[str, float]:
 
 def breakdown(result: dict, new_tokens: int, step_ms: float, repeats: int = 2) -> dict[str, float]:
     """``step_ms`` split by kind: each kind's share of the profiled decode steps (operators over ``new_tokens``
-    tokens less those of one: without the prefill and the first token; the best of ``repeats`` for each); Python is
-    the steps' wall clock beyond every operator's own time."""
+    tokens less those over half as many: the same prefill, only decode steps left; the best of ``repeats`` for
+    each); Python is the steps' wall clock beyond every operator's own time."""
     run = result["run"]
     op_seconds(run, 1)  # warm-up of the profiler
 
@@ -223,7 +223,7 @@ def breakdown(result: dict, new_tokens: int, step_ms: float, repeats: int = 2) -
         runs = [op_seconds(run, n) for _ in range(repeats)]
         return {k: min(r[k] for r in runs) for k in runs[0]}
 
-    many, one = best(new_tokens), best(1)
+    many, one = best(new_tokens), best(max(1, new_tokens // 2))
     wall = max(1e-9, many.pop("wall") - one.pop("wall"))
     share = {k: max(0.0, many[k] - one[k]) / wall for k in many}
     share["Python and the rest"] = max(0.0, 1.0 - sum(share.values()))
@@ -299,14 +299,24 @@ def main() -> None:
     model.eval()
     tokenizer = load_tokenizer(args.model)
     n_params = sum(p.numel() for p in model.parameters())
-    context = args.prompt_tokens + args.new_tokens // 2  # with --prompts mini: ~the mini prompts' length
-    print(f"\n{args.model}: {n_params / 1e6:.1f}M parameters, context ~{context} tokens")
+    batches = {}
+    for batch in args.batch:
+        prompts = (mini_prompts(tokenizer, batch) if args.prompts == "mini"
+                   else prompts_for(tokenizer, batch, args.prompt_tokens))
+        batches[batch] = [prompts[i % len(prompts)] for i in range(batch)]  # fewer tasks than rows: again from the first
+
+    def context(batch: int) -> int:
+        """The cached positions a step of ``batch`` rows attends over, on average: its padded prompt (as long as its
+        longest) and half the new tokens."""
+        return max(map(len, batches.get(batch, batches[args.batch[0]]))) + args.new_tokens // 2
+
+    print(f"\n{args.model}: {n_params / 1e6:.1f}M parameters, context ~{context(args.batch[0])} tokens")
     print(f"{'roofline':<24} {'MB/step':>8} {'GFLOP/step':>10} {'ms/step':>8} {'bound':>8} {'tokens/s':>9}")
     bound_tps = {}
     for batch in (1, *args.batch):
         for dt, wbytes in zip(dtypes, (4, 2), strict=True):
             name = str(dt).split(".")[-1]
-            cost = decode_cost(model.config, n_params, batch, context, wbytes, wbytes)
+            cost = decode_cost(model.config, n_params, batch, context(batch), wbytes, wbytes)
             # the decode-shaped matmul rate: what small products reach here, not the square peak
             rate = rates.get((batch, dt), rates[(args.batch[0], dt)])
             seconds, bound = roofline_seconds(cost, bw * 1e9, rate * 1e9)
@@ -324,9 +334,7 @@ def main() -> None:
     wanted = list(dict.fromkeys(args.variants + ([args.breakdown] if args.breakdown else [])))
     variants = {v: makers[v]() for v in wanted}
     for batch in args.batch:
-        prompts = (mini_prompts(tokenizer, batch) if args.prompts == "mini"
-                   else prompts_for(tokenizer, batch, args.prompt_tokens))
-        prompts = [prompts[i % len(prompts)] for i in range(batch)]  # fewer tasks than rows: again from the first
+        prompts = batches[batch]
         print(f"\nHFEngine decode, batch {batch}, {args.new_tokens} new tokens (temperature 0.9, top-p 0.95), "
               f"prompts: {args.prompts}, {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
               f"best of {args.repeats}")

@@ -26,7 +26,7 @@ from ctu.engines.hf import kv_reuse as kvr
 from ctu.engines.hf.decode_copy import DecodeCopy, resolve_decode_dtype
 from ctu.engines.hf.hf_api import cache_of, with_cache
 from ctu.engines.hf.kv_buffer import adopt, plain_layers, preallocate, release_layer
-from ctu.engines.hf.llama_step import step, supports
+from ctu.engines.hf.llama_step import plan, step, supports
 from ctu.engines.hf.sampling import sample_next
 from ctu.engines.hf.shared_prefix import last_logits, prefill
 
@@ -221,7 +221,8 @@ class HFEngine(Engine):
                 reason[row] = "length"
         longest = max(budgets, default=0)
         preallocate(past, longest)  # room for every step's KV: written in place, never grown by torch.cat
-        direct = supports(self._net, past)  # a step without transformers' module calls, the same logits
+        # a step without transformers' module calls, the same logits (its layers' weights read once a batch)
+        direct = plan(self._net) if supports(self._net, past) else None
         for _ in range(longest):
             if all(r is not None for r in reason):
                 break
@@ -264,8 +265,8 @@ class HFEngine(Engine):
             positions = positions[:, -1:] + 1
             for row, tok in zip(live, tokens.tolist(), strict=True):
                 fed[row].append(tok)
-            if direct:
-                logits = step(self._net, tokens, mask, positions, past)
+            if direct is not None:
+                logits = step(self._net, tokens, mask, positions, past, direct)
                 continue
             outputs = self._net(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
                                  **with_cache(past), use_cache=True)

@@ -545,3 +545,23 @@ def test_generation_with_the_trainers_own_model_keeps_its_threads_where_only_the
     finally:
         hook.remove()
         torch.set_num_threads(2)
+
+
+def test_generations_check_runs_over_a_packed_bf16_decode_copy(monkeypatch):
+    """The check's products read each Linear's plain weight, which a packed bf16 decode copy had freed: ``ctu
+    train`` crashed at its first evaluation whenever other programs were busy (a Sapphire Rapids, two busy loops
+    beside README's command). They multiply by the packed layout, as the copy's own steps do."""
+    from ctu.engines.cpu import cpu_threads
+    from ctu.engines.hf import packed_linear
+    monkeypatch.delenv("CTU_NATIVE_BF16", raising=False)  # the default run pins it to 0: ask the CPU itself
+    if not packed_linear.available(torch.bfloat16):
+        pytest.skip("this CPU does not pack bf16 weights (no AVX512-BF16)")
+    torch.manual_seed(0)
+    engine = HFEngine(load_model("tiny-random"), load_tokenizer("tiny-random"), max_batch_size=4,
+                      decode_dtype="bfloat16")
+    monkeypatch.setattr(cpu_threads, "_share", Busy(2))
+    monkeypatch.setattr(cpu_threads, "_invariant", {})
+    out = engine.generate_sync([[1, 520, 33, 88]], SamplingParams(max_tokens=4, temperature=1.0, seed=7))
+    assert len(out[0][0].token_ids) == 4
+    assert engine._net is not engine.model and any(getattr(m, "packed", None) is not None for m in engine._net.modules())
+    assert "generation" in cpu_threads._invariant  # the check ran over the packed copy, to a verdict
