@@ -10,11 +10,11 @@
    before its buffers: ``fp32-cat``) and in buffers, on the LoRA-wrapped model ``ctu train`` decodes with (peft,
    adapters not merged), with the engine's bf16 decode copy of it (``engine.decode_dtype=bfloat16``), with bf16
    weights, and under bf16 autocast; each against the roofline of its dtype;
-4. where a decode step's time goes (``--breakdown``, the bf16 decode copy by default): torch.profiler over a decode
-   of ``--new-tokens`` less one of half as many (the same prefill: decode steps only), each operator's own time put under the
-   products (``mm``/``addmm``/``linear``), attention (inside the decode copy's attention function), sampling (inside
-   ``sample_next``) or the other operators; what the wall clock has beyond all operators is Python (the engine's
-   loop, transformers' modules, the profiler's own cost);
+4. where a decode step's time goes (``--breakdown``, the bf16 decode copy by default): torch.profiler over the
+   decode steps of ``--new-tokens`` (from the first sampling to the last: no prefill), each operator's own time put
+   under the products (``mm``/``addmm``/``linear``), attention (inside the decode copy's attention function),
+   sampling (inside ``sample_next``) or the other operators; what the unprofiled step has beyond all operators is
+   Python (the engine's loop, transformers' modules);
 5. torch.profiler's top operators over a few decode steps.
 
 ``--batch`` takes several sizes (``--batch 16 32``). The variant ``lora-bf16copy-multinomial`` is the bf16 copy with
@@ -189,8 +189,9 @@ def scoped(name: str, fn):
 
 
 def op_seconds(run, n: int) -> dict[str, float]:
-    """Seconds of operator time by kind over ``run(n)``, and its wall clock (``"wall"``): torch.profiler, the
-    engine's attention functions and its sampler inside named scopes, whose own time counts to them."""
+    """Operator seconds a decode step by kind over ``run(n)``: torch.profiler, the engine's attention functions and
+    its sampler inside named scopes, whose own time counts to them; only the operators that start between the
+    first sampling and the last (``n - 1`` whole steps: no prefill)."""
     from transformers.modeling_utils import AttentionInterface
 
     names = [decode_attention.register(kernel) for kernel in decode_attention.KERNELS]
@@ -198,37 +199,34 @@ def op_seconds(run, n: int) -> dict[str, float]:
     attention = {k: scoped("attention", table[k]) for k in (*names, "sdpa")}
     with mock.patch.dict(table, attention), mock.patch.object(hf, "sample_next", scoped("sampling", hf.sample_next)):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            started = time.perf_counter()
             run(n)
-            wall = time.perf_counter() - started
+    events = prof.events()
+    samplings = sorted(e.time_range.start for e in events if e.name == "sampling")
+    first, last = samplings[0], samplings[-1]
     kinds = dict.fromkeys(("products", "attention", "sampling", "other operators"), 0.0)
-    for event in prof.events():
+    for event in events:
+        if not first <= event.time_range.start < last:
+            continue
         scope, up = None, event
         while up is not None and scope is None:
             scope = up.name if up.name in ("attention", "sampling") else None
             up = up.cpu_parent
         kind = scope or ("products" if event.name in PRODUCTS else "other operators")
         kinds[kind] += event.self_cpu_time_total / 1e6
-    return {**kinds, "wall": wall}
+    return {k: v / max(1, len(samplings) - 1) for k, v in kinds.items()}
 
 
 def breakdown(result: dict, new_tokens: int, step_ms: float, repeats: int = 2) -> dict[str, float]:
-    """``step_ms`` split by kind: each kind's share of the profiled decode steps (operators over ``new_tokens``
-    tokens less those over half as many: the same prefill, only decode steps left; the best of ``repeats`` for
-    each); Python is the steps' wall clock beyond every operator's own time."""
+    """``step_ms`` split by kind: each kind's operator time a decode step under the profiler (the run of
+    ``repeats`` with the least operator time); Python and the rest is the unprofiled step beyond all of them."""
     run = result["run"]
-    op_seconds(run, 1)  # warm-up of the profiler
-
-    def best(n: int) -> dict[str, float]:
-        runs = [op_seconds(run, n) for _ in range(repeats)]
-        return {k: min(r[k] for r in runs) for k in runs[0]}
-
-    many, one = best(new_tokens), best(max(1, new_tokens // 2))
-    wall = max(1e-9, many.pop("wall") - one.pop("wall"))
-    share = {k: max(0.0, many[k] - one[k]) / wall for k in many}
-    share["Python and the rest"] = max(0.0, 1.0 - sum(share.values()))
-    total = sum(share.values())
-    return {k: step_ms * v / total for k, v in share.items()}
+    op_seconds(run, 2)  # warm-up of the profiler
+    parts = min((op_seconds(run, new_tokens) for _ in range(repeats)), key=lambda r: sum(r.values()))
+    parts = {k: 1e3 * v for k, v in parts.items()}
+    ops = sum(parts.values())
+    if ops > step_ms:  # the profiler's own cost inside the operators' times: scaled to the step
+        return {**{k: v * step_ms / ops for k, v in parts.items()}, "Python and the rest": 0.0}
+    return {**parts, "Python and the rest": step_ms - ops}
 
 
 def profile_decode(model, tokenizer, prompts, steps: int = 6, rows: int = 12) -> str:
