@@ -105,11 +105,6 @@ def _run(spec: Product, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([linear(m, x) for m in spec], dim=-1)
 
 
-def grouped(modules: tuple[torch.nn.Module, ...], x: torch.Tensor) -> torch.Tensor:
-    """The outputs of ``modules`` side by side: one product when they are a fused group in order."""
-    return _run(_product_of(modules), x)
-
-
 class Layer(NamedTuple):
     """One decoder layer's weights and functions as :func:`step` reads them."""
 
